@@ -1,0 +1,33 @@
+//! The `attnforge` command line: `demo`, `verify`, `compile`, `bench`, `info`.
+//!
+//! Each subcommand lives in its own module; this file only parses arguments and dispatches.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "attnforge",
+    version,
+    about = "Attention kernels for LLM serving"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the version and the backends found.
+    Info,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Info => {
+            println!("attnforge {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+    }
+}

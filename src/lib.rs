@@ -1,0 +1,27 @@
+//! attnforge: attention kernels for LLM serving.
+//!
+//! The data flows one way, and each stage has its module:
+//!
+//! | stage | type | module |
+//! |---|---|---|
+//! | what the caller asks | [`problem::AttentionProblem`] | [`problem`] (validation included) |
+//! | what it means, exactly | f64 oracle | `reference` |
+//! | CPU execution | tiled online softmax | `cpu` |
+//! | what gets compiled | `KernelSpec` → CUDA source | `codegen` (pure: no GPU) |
+//! | compiled kernel | CUBIN from NVRTC, cached on disk | `jit` |
+//! | launch plan and run | device buffers, streams | `cuda` |
+//!
+//! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
+//! of every test.
+
+pub mod dtype;
+pub mod error;
+pub mod output;
+pub mod problem;
+pub mod tensor;
+
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use output::AttentionOutput;
+pub use problem::{AttentionProblem, HeadDims, Mask, QkAccum, RaggedBatch, Variant};
+pub use tensor::HostTensor;
