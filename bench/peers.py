@@ -1,0 +1,664 @@
+#!/usr/bin/env python3
+"""The peers' side of the prefill benchmark: FlashInfer 0.5.3 (FA2) and torch SDPA (flash and
+cuDNN backends), timed on the very shapes that `attnforge bench` times.
+
+Input: the RESOLVED shape list printed by `attnforge bench --print-shapes` (a JSON list of the
+`bench/shapes.json` objects with `flops` and `bytes` added). FLOP and byte counts are taken from
+that file, never recomputed here, so both sides share one formula. Output: one JSON line per
+(shape, impl) in the benchmark data contract (docs/gpu-workflow.md), plus a short table on stdout.
+
+Method, per (shape, impl):
+  1. A peer that cannot run the shape is reported, never skipped: "missing: why" when the feature
+     does not exist there (torch has no soft-cap and no f16 QK accumulation), "error: why" when it
+     fails (FlashInfer's f16-QK kernels fail to compile with nvcc 13: that is expected).
+  2. FlashInfer JIT-compiles one module per configuration (dtype, head dims, soft-cap on/off,
+     f16 QK, single or batch) on its first call. Every configuration is compiled on a tiny problem
+     before any timing, in one shared JIT folder; a configuration that fails to compile is not
+     retried for its other shapes.
+  3. The output of one call is checked against a float64 reference on a few rows of a few
+     requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time.
+  4. Timing: CUDA events around each run, after warm-up; median of MIN_RUNS..MAX_RUNS runs. Inputs
+     rotate among several random-normal copies when the working set is under 2x L2. The GPU is kept
+     busy (torch.cuda._sleep) while the runs are enqueued, so the host's per-call Python overhead
+     does not show up as idle gaps between runs on small shapes.
+
+Usage (on the GPU machine): python3 bench/peers.py shapes-resolved.json --out peers.jsonl
+Also: --dry-run (print the plan, no GPU), --self-test (checks the reference on the CPU).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+
+SUITE = "prefill"
+IMPL_FLASHINFER = "flashinfer-fa2"
+IMPL_TORCH_FLASH = "torch-flash"
+IMPL_TORCH_CUDNN = "torch-cudnn"
+ALL_IMPLS = [IMPL_FLASHINFER, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN]
+
+L2_BYTES_FALLBACK = 60 * 1000 * 1000  # H200; the device's own figure is used when torch gives it
+ROTATE_BELOW_L2_MULTIPLE = 2  # rotate inputs when one copy's working set is under 2x L2
+ROTATE_TARGET_L2_MULTIPLE = 4  # ... among enough copies to span 4x L2
+MAX_COPIES = 32
+WARMUP_RUNS = 5
+PROBE_RUNS = 5
+MIN_RUNS = 50
+MAX_RUNS = 200
+TARGET_TIMED_MS = 300.0  # GPU time spent on timed runs per (shape, impl), within the run limits
+ENQUEUE_MARGIN = 1.5  # keep the GPU busy 1.5x as long as enqueueing the runs takes
+SLEEP_CAP_MS = 2000.0
+ASSUMED_CLOCK_KHZ = 2_000_000
+CHECK_REQUESTS = 3  # first, middle and last request of a batch
+TOLERANCE = {"f16": 1e-2, "bf16": 3e-2}  # relative L2 error of o on the checked rows
+JIT_PROBE_LENS = {"single": [128], "batch": [64, 96]}
+FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
+DEFAULT_JIT_DIR = "/tmp/attnforge-flashinfer-jit"
+SEED = 20261130
+ERROR_TEXT_LIMIT = 300
+
+REQUIRED_FIELDS = ["name", "qo_lens", "kv_lens", "num_qo_heads", "num_kv_heads", "causal",
+                   "dtype", "qk_accum", "flops", "bytes"]
+
+
+class Shape:
+    """One resolved prefill shape (single request when it has one length, else a ragged batch)."""
+
+    def __init__(self, obj):
+        for field in REQUIRED_FIELDS:
+            if field not in obj:
+                raise ValueError(f"shape {obj.get('name', '?')!r}: missing field {field!r}")
+        self.name = obj["name"]
+        self.qo_lens = [int(x) for x in obj["qo_lens"]]
+        self.kv_lens = [int(x) for x in obj["kv_lens"]]
+        if not self.qo_lens or len(self.qo_lens) != len(self.kv_lens):
+            raise ValueError(f"shape {self.name!r}: qo_lens and kv_lens must be non-empty and "
+                             f"of one length, got {self.qo_lens} and {self.kv_lens}")
+        self.hq = int(obj["num_qo_heads"])
+        self.hkv = int(obj["num_kv_heads"])
+        if self.hkv <= 0 or self.hq % self.hkv != 0:
+            raise ValueError(f"shape {self.name!r}: num_qo_heads {self.hq} is not a multiple of "
+                             f"num_kv_heads {self.hkv}")
+        if "head_dim" in obj:
+            self.d_qk = self.d_vo = int(obj["head_dim"])
+        elif "head_dim_qk" in obj and "head_dim_vo" in obj:
+            self.d_qk, self.d_vo = int(obj["head_dim_qk"]), int(obj["head_dim_vo"])
+        else:
+            raise ValueError(f"shape {self.name!r}: needs head_dim or head_dim_qk/head_dim_vo")
+        self.causal = bool(obj["causal"])
+        self.dtype = obj["dtype"]
+        if self.dtype not in TOLERANCE:
+            raise ValueError(f"shape {self.name!r}: dtype {self.dtype!r} is not f16 or bf16")
+        cap = obj.get("soft_cap")
+        self.soft_cap = float(cap) if cap else None
+        self.qk_accum = obj["qk_accum"]
+        if self.qk_accum not in ("f32", "f16"):
+            raise ValueError(f"shape {self.name!r}: qk_accum {self.qk_accum!r} is not f32 or f16")
+        self.flops = float(obj["flops"])
+        self.bytes = float(obj["bytes"])
+        self.sm_scale = 1.0 / math.sqrt(self.d_qk)
+
+    @property
+    def single(self):
+        return len(self.qo_lens) == 1
+
+    def requests(self):
+        """(qo_start, qo_len, kv_start, kv_len) per request."""
+        out, qs, ks = [], 0, 0
+        for ql, kl in zip(self.qo_lens, self.kv_lens):
+            out.append((qs, ql, ks, kl))
+            qs, ks = qs + ql, ks + kl
+        return out
+
+    def probe(self):
+        """A tiny shape of the same FlashInfer configuration, used to trigger its JIT build."""
+        lens = JIT_PROBE_LENS["single" if self.single else "batch"]
+        obj = {"name": self.name + "#jit-probe", "qo_lens": lens, "kv_lens": lens,
+               "num_qo_heads": self.hq, "num_kv_heads": self.hkv,
+               "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
+               "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
+               "flops": 0, "bytes": 0}
+        return Shape(obj)
+
+
+def short_error(exc):
+    """First line of an exception's message; for a failed build, also the first compiler error."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    msg = f"{type(exc).__name__}: {lines[0]}"
+    compiler = next((ln for ln in lines[1:] if "error:" in ln), None)
+    if compiler:
+        msg += f" | {compiler}"
+    return msg[:ERROR_TEXT_LIMIT]
+
+
+def copies_for(shape, l2_bytes):
+    if shape.bytes >= ROTATE_BELOW_L2_MULTIPLE * l2_bytes:
+        return 1
+    want = math.ceil(ROTATE_TARGET_L2_MULTIPLE * l2_bytes / max(shape.bytes, 1.0))
+    return max(1, min(MAX_COPIES, want))
+
+
+def result_line(shape, impl, status, median_ms=None, runs=0, note=None, rel_err=None):
+    line = {"suite": SUITE, "shape": shape.name, "impl": impl, "status": status,
+            "median_ms": None, "tflops": None, "tbps": None, "runs": runs}
+    if median_ms is not None and median_ms > 0:
+        seconds = median_ms * 1e-3
+        line["median_ms"] = median_ms
+        line["tflops"] = shape.flops / seconds / 1e12
+        line["tbps"] = shape.bytes / seconds / 1e12
+    if note:
+        line["note"] = note
+    if rel_err is not None:
+        line["rel_err"] = rel_err
+    return line
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference and check (torch, float64)
+
+
+def reference_rows(torch, q, k, v, rows, shape):
+    """Exact attention for the given query rows of one request: [len(rows), hq, d_vo] float64.
+
+    q: [qo_len, hq, d_qk], k: [kv_len, hkv, d_qk], v: [kv_len, hkv, d_vo]. Query head h reads KV
+    head h // group. Causal is bottom-right aligned: key j is visible to row i iff
+    j <= i + (kv_len - qo_len). A row with no visible key gives o = 0."""
+    group = shape.hq // shape.hkv
+    qo_len, kv_len = q.shape[0], k.shape[0]
+    row_idx = torch.tensor(rows, device=q.device, dtype=torch.long)
+    qr = q.index_select(0, row_idx).double()
+    kf = k.double().repeat_interleave(group, dim=1)
+    vf = v.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("rhd,khd->hrk", qr, kf) * shape.sm_scale
+    if shape.soft_cap:
+        s = shape.soft_cap * torch.tanh(s / shape.soft_cap)
+    if shape.causal:
+        j = torch.arange(kv_len, device=q.device)
+        visible = j[None, :] <= (row_idx + (kv_len - qo_len))[:, None]
+        s = s.masked_fill(~visible[None, :, :], float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.einsum("hrk,khd->rhd", p, vf)
+
+
+def check_output(torch, shape, q, k, v, out):
+    """(rel_err, None) when `out` ([total_qo, hq, d_vo]) matches the reference on the checked rows,
+    (rel_err, reason) otherwise."""
+    reqs = shape.requests()
+    picks = sorted({0, len(reqs) // 2, len(reqs) - 1})[:CHECK_REQUESTS]
+    got_all, ref_all = [], []
+    for r in picks:
+        qs, ql, ks, kl = reqs[r]
+        rows = sorted({0, ql // 3, (2 * ql) // 3, ql - 1})
+        ref = reference_rows(torch, q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl], rows, shape)
+        idx = torch.tensor([qs + x for x in rows], device=out.device, dtype=torch.long)
+        got_all.append(out.index_select(0, idx).double())
+        ref_all.append(ref)
+    got, ref = torch.cat(got_all), torch.cat(ref_all)
+    if got.shape != ref.shape:
+        return None, f"output shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
+    if not bool(torch.isfinite(got).all()):
+        return None, "non-finite values in the output"
+    rel = float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref))
+    if rel > TOLERANCE[shape.dtype]:
+        return rel, f"relative L2 error {rel:.3e} > {TOLERANCE[shape.dtype]:.0e} on checked rows"
+    return rel, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Implementations: each has unsupported(shape) -> str|None, config_key(shape) -> hashable|None,
+# and setup(shape, inputs, copy_count) -> (run(copy_index), to_nhd(result), note).
+
+
+class FlashInferFa2:
+    name = IMPL_FLASHINFER
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.module = None
+        self.import_error = None
+        try:
+            import flashinfer  # noqa: PLC0415 (optional peer, imported only when asked for)
+            self.module = flashinfer
+            self.version = getattr(flashinfer, "__version__", "?")
+        except Exception as exc:  # ImportError, or a failure inside its import
+            self.import_error = short_error(exc)
+        self.workspace = None
+
+    def unsupported(self, shape):
+        if self.import_error:
+            return f"missing: flashinfer not importable: {self.import_error}"
+        return None
+
+    def config_key(self, shape):
+        return ("single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
+                shape.soft_cap is not None, shape.qk_accum)
+
+    def setup(self, shape, inputs, copy_count):
+        fi, torch = self.module, self.torch
+        qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
+        f16qk = shape.qk_accum == "f16"
+        if shape.single:
+            def run(i):
+                return fi.single_prefill_with_kv_cache(
+                    qs[i], ks[i], vs[i], causal=shape.causal, sm_scale=shape.sm_scale,
+                    logits_soft_cap=shape.soft_cap, use_fp16_qk_reduction=f16qk, backend="fa2")
+            return run, (lambda o: o), "single_prefill_with_kv_cache, NHD"
+        if self.workspace is None:
+            self.workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8,
+                                         device="cuda")
+        wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        wrapper.plan(inputs["qo_indptr"], inputs["kv_indptr"], shape.hq, shape.hkv, shape.d_qk,
+                     shape.d_vo, causal=shape.causal, use_fp16_qk_reduction=f16qk,
+                     logits_soft_cap=shape.soft_cap, sm_scale=shape.sm_scale,
+                     q_data_type=inputs["dtype"], kv_data_type=inputs["dtype"])
+
+        def run_batch(i):
+            return wrapper.run(qs[i], ks[i], vs[i])
+        return run_batch, (lambda o: o), "BatchPrefillWithRaggedKVCacheWrapper (plan untimed)"
+
+
+class TorchSdpa:
+    def __init__(self, torch, name, backend_name):
+        self.torch = torch
+        self.name = name
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+        self.backend = getattr(SDPBackend, backend_name)
+        self.sdpa_kernel = sdpa_kernel
+        self.sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def unsupported(self, shape):
+        if shape.soft_cap:
+            return "missing: not supported by torch SDPA (soft-cap)"
+        if shape.qk_accum == "f16":
+            return "missing: not supported by torch SDPA (f16 QK accumulation)"
+        if shape.causal and shape.qo_lens != shape.kv_lens:
+            return "missing: torch SDPA's is_causal is top-left aligned and qo_len != kv_len"
+        return None
+
+    def config_key(self, shape):
+        return None
+
+    def _call(self, qb, kb, vb, causal, scale, gqa):
+        with self.sdpa_kernel(self.backend):
+            return self.sdpa(qb, kb, vb, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+    def setup(self, shape, inputs, copy_count):
+        group = shape.hq // shape.hkv
+
+        def to_bhsd(x, repeat):
+            y = x.transpose(0, 1).unsqueeze(0)
+            if repeat > 1:
+                y = y.repeat_interleave(repeat, dim=1)
+            return y.contiguous()
+
+        def build(repeat):
+            per_copy = []
+            for c in range(copy_count):
+                reqs = []
+                for qs, ql, ks, kl in shape.requests():
+                    reqs.append((to_bhsd(inputs["q"][c][qs:qs + ql], 1),
+                                 to_bhsd(inputs["k"][c][ks:ks + kl], repeat),
+                                 to_bhsd(inputs["v"][c][ks:ks + kl], repeat)))
+                per_copy.append(reqs)
+            return per_copy
+
+        note = "layout [1, H, S, D] contiguous"
+        gqa = group > 1
+        data = build(1)
+        if gqa:
+            # Prefer the native GQA path; fall back to repeating K/V heads (outside the timed
+            # region) only if this backend refuses enable_gqa, and say so in the note.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    qb, kb, vb = data[0][0]
+                    self._call(qb, kb, vb, shape.causal, shape.sm_scale, True)
+                    note += "; GQA via enable_gqa=True"
+                except Exception as exc:
+                    why = str(caught[0].message).splitlines()[0] if caught else short_error(exc)
+                    gqa = False
+                    del data
+                    data = build(group)
+                    note += f"; GQA by repeating K/V heads before timing (enable_gqa refused: " \
+                            f"{why[:120]})"
+        if not shape.single:
+            note += f"; ragged batch as a loop of {len(shape.qo_lens)} SDPA calls"
+        causal, scale = shape.causal, shape.sm_scale
+
+        def run(i):
+            return [self._call(qb, kb, vb, causal, scale, gqa) for qb, kb, vb in data[i]]
+
+        def to_nhd(outs):
+            return self.torch.cat([o[0].transpose(0, 1) for o in outs], dim=0)
+
+        return run, to_nhd, note
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+
+
+class Timer:
+    def __init__(self, torch):
+        self.torch = torch
+        props = torch.cuda.get_device_properties(0)
+        # CUDA 13 dropped cudaDeviceProp.clockRate; if torch reports 0, assume the H200's boost
+        # clock. A lower real clock only makes the spin longer, which costs nothing in the numbers.
+        self.clock_khz = getattr(props, "clock_rate", 0) or ASSUMED_CLOCK_KHZ
+        self.can_sleep = hasattr(torch.cuda, "_sleep")
+
+    def time_runs(self, run, copy_count):
+        """Returns (median_ms, runs)."""
+        torch = self.torch
+        for w in range(WARMUP_RUNS):
+            run(w % copy_count)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        for p in range(PROBE_RUNS):
+            run(p % copy_count)
+        end.record()
+        enqueue_ms = (time.perf_counter() - t0) * 1e3 / PROBE_RUNS
+        end.synchronize()
+        gpu_ms = max(start.elapsed_time(end) / PROBE_RUNS, 1e-3)
+        runs = max(MIN_RUNS, min(MAX_RUNS, math.ceil(TARGET_TIMED_MS / gpu_ms)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+        if self.can_sleep:
+            sleep_ms = min(ENQUEUE_MARGIN * runs * enqueue_ms, SLEEP_CAP_MS)
+            torch.cuda._sleep(int(sleep_ms * self.clock_khz))
+        for r in range(runs):
+            starts[r].record()
+            run(r % copy_count)
+            ends[r].record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        return statistics.median(times), runs
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def make_inputs(torch, shape, copy_count, device="cuda"):
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(SEED)
+    tq, tk = sum(shape.qo_lens), sum(shape.kv_lens)
+
+    def randn(*size):
+        return torch.randn(*size, dtype=dtype, device=device, generator=gen)
+
+    inputs = {"dtype": dtype, "q": [], "k": [], "v": []}
+    for _ in range(copy_count):
+        inputs["q"].append(randn(tq, shape.hq, shape.d_qk))
+        inputs["k"].append(randn(tk, shape.hkv, shape.d_qk))
+        inputs["v"].append(randn(tk, shape.hkv, shape.d_vo))
+
+    def indptr(lens):
+        acc = [0]
+        for n in lens:
+            acc.append(acc[-1] + n)
+        return torch.tensor(acc, dtype=torch.int32, device=device)
+
+    inputs["qo_indptr"] = indptr(shape.qo_lens)
+    inputs["kv_indptr"] = indptr(shape.kv_lens)
+    return inputs
+
+
+def run_one(torch, timer, impl, shape, inputs, copy_count, jit_failures, jit_notes):
+    """One result line for (shape, impl): missing, error, wrong, or ok with its time."""
+    missing = impl.unsupported(shape)
+    if missing:
+        return result_line(shape, impl.name, missing)
+    key = impl.config_key(shape)
+    if key is not None and key in jit_failures:
+        return result_line(shape, impl.name, f"error: {jit_failures[key]}")
+    # torch explains why a backend refuses a shape in warnings, not in the exception: keep them.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return measure(torch, timer, impl, shape, inputs, copy_count, jit_notes.get(key))
+        except Exception as exc:
+            status = f"error: {short_error(exc)}"
+            if caught:
+                status += f" | warning: {str(caught[0].message).splitlines()[0]}"
+            return result_line(shape, impl.name, status[:ERROR_TEXT_LIMIT])
+
+
+def measure(torch, timer, impl, shape, inputs, copy_count, jit_note):
+    """Set up, check the output of copy 0 against the reference, then time; raises on failure."""
+    run, to_nhd, note = impl.setup(shape, inputs, copy_count)
+    if jit_note:
+        note += f"; {jit_note}"
+    out = to_nhd(run(0))
+    torch.cuda.synchronize()
+    rel, problem = check_output(torch, shape, inputs["q"][0], inputs["k"][0], inputs["v"][0], out)
+    del out
+    if problem:
+        return result_line(shape, impl.name, f"wrong: {problem}", note=note, rel_err=rel)
+    median_ms, runs = timer.time_runs(run, copy_count)
+    return result_line(shape, impl.name, "ok", median_ms=median_ms, runs=runs, note=note,
+                       rel_err=rel)
+
+
+def compile_configs(torch, impl, shapes, jit_failures, jit_notes):
+    """Runs each FlashInfer configuration once on a tiny problem (its JIT build), before timing."""
+    seen = []
+    for shape in shapes:
+        key = impl.config_key(shape)
+        if key is None or key in seen or impl.unsupported(shape):
+            continue
+        seen.append(key)
+        probe = shape.probe()
+        t0 = time.perf_counter()
+        try:
+            inputs = make_inputs(torch, probe, 1)
+            run, _, _ = impl.setup(probe, inputs, 1)
+            run(0)
+            torch.cuda.synchronize()
+            secs = time.perf_counter() - t0
+            jit_notes[key] = f"first call (JIT) {secs:.1f} s, untimed"
+            print(f"[jit] {impl.name} {key}: ready in {secs:.1f} s", flush=True)
+        except Exception as exc:
+            secs = time.perf_counter() - t0
+            jit_failures[key] = short_error(exc)
+            print(f"[jit] {impl.name} {key}: FAILED after {secs:.1f} s: {jit_failures[key]}",
+                  flush=True)
+
+
+def print_table(lines):
+    print("\n| shape | impl | status | median ms | TFLOP/s | TB/s |")
+    print("|---|---|---|---:|---:|---:|")
+    for ln in lines:
+        status = ln["status"] if ln["status"] == "ok" else ln["status"][:70]
+        ms = f"{ln['median_ms']:.4f}" if ln["median_ms"] else "-"
+        tf = f"{ln['tflops']:.1f}" if ln["tflops"] else "-"
+        tb = f"{ln['tbps']:.2f}" if ln["tbps"] else "-"
+        print(f"| {ln['shape']} | {ln['impl']} | {status} | {ms} | {tf} | {tb} |")
+    sys.stdout.flush()
+
+
+def load_shapes(path, name_filter):
+    with open(path) as f:
+        raw = json.load(f)
+    if isinstance(raw, dict):  # tolerate {"prefill": [...]} as well as a bare list
+        raw = raw.get(SUITE, [])
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: expected a JSON list of resolved shapes")
+    shapes = [Shape(obj) for obj in raw]
+    if name_filter:
+        shapes = [s for s in shapes if name_filter in s.name]
+    return shapes
+
+
+def dry_run(shapes, impls):
+    print(f"{len(shapes)} shapes; impls: {', '.join(impls)}")
+    configs = []
+    for s in shapes:
+        key = ("single" if s.single else "batch", s.dtype, s.d_qk, s.d_vo, s.soft_cap is not None,
+               s.qk_accum)
+        if key not in configs:
+            configs.append(key)
+        print(f"  {s.name}: requests={len(s.qo_lens)} flops={s.flops:.3e} bytes={s.bytes:.3e} "
+              f"copies={copies_for(s, L2_BYTES_FALLBACK)}")
+    print(f"FlashInfer configurations to compile: {len(configs)}")
+    for key in configs:
+        print(f"  {key}")
+
+
+def self_test(torch):
+    """CPU checks of the reference against torch's own math SDPA and a hand formula."""
+    torch.manual_seed(0)
+    failures = 0
+    cases = [(32, 8, 64, True, [37], [37]), (4, 4, 64, False, [21], [21]),
+             (8, 2, 128, True, [5, 40, 17], [5, 40, 17])]
+    for hq, hkv, d, causal, qls, kls in cases:
+        shape = Shape({"name": "t", "qo_lens": qls, "kv_lens": kls, "num_qo_heads": hq,
+                       "num_kv_heads": hkv, "head_dim": d, "causal": causal, "dtype": "f16",
+                       "soft_cap": None, "qk_accum": "f32", "flops": 1, "bytes": 1})
+        q = torch.randn(sum(qls), hq, d, dtype=torch.float16)
+        k = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
+        v = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
+        outs = []
+        for qs, ql, ks, kl in shape.requests():
+            qb = q[qs:qs + ql].double().transpose(0, 1)
+            kb = k[ks:ks + kl].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+            vb = v[ks:ks + kl].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+            o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
+            outs.append(o.transpose(0, 1))
+        out = torch.cat(outs).to(torch.float16)
+        rel, problem = check_output(torch, shape, q, k, v, out)
+        ok = problem is None and rel < 1e-3
+        bad = out.clone()
+        bad[:, 0, :] = bad[:, 0, :].flip(0)  # rows of head 0 permuted: must be caught
+        _, caught = check_output(torch, shape, q, k, v, bad)
+        ok = ok and caught is not None
+        failures += 0 if ok else 1
+        print(f"self-test hq={hq} hkv={hkv} d={d} causal={causal} lens={qls}: rel={rel} "
+              f"perturbed->{caught!r} {'PASS' if ok else 'FAIL'}")
+    # Soft-cap: one query row, two keys, by hand.
+    shape = Shape({"name": "cap", "qo_lens": [1], "kv_lens": [2], "num_qo_heads": 1,
+                   "num_kv_heads": 1, "head_dim": 4, "causal": False, "dtype": "f16",
+                   "soft_cap": 2.0, "qk_accum": "f32", "flops": 1, "bytes": 1})
+    q = torch.tensor([[[4.0, 0.0, 0.0, 0.0]]])
+    k = torch.tensor([[[3.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0, 0.0]]])
+    v = torch.tensor([[[1.0, 0.0, 0.0, 0.0]], [[0.0, 1.0, 0.0, 0.0]]])
+    t0 = 2.0 * math.tanh(4.0 * 3.0 * 0.5 / 2.0)
+    p0 = math.exp(t0) / (math.exp(t0) + 1.0)
+    ref = reference_rows(torch, q, k, v, [0], shape)
+    ok = abs(float(ref[0, 0, 0]) - p0) < 1e-12 and abs(float(ref[0, 0, 1]) - (1 - p0)) < 1e-12
+    failures += 0 if ok else 1
+    print(f"self-test soft-cap by hand: {float(ref[0, 0, 0])} vs {p0} {'PASS' if ok else 'FAIL'}")
+    print(f"{3 + 1 - failures} passed, {failures} failed")
+    return failures == 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shapes", nargs="?", help="resolved shapes (attnforge bench --print-shapes)")
+    ap.add_argument("--out", help="JSON-lines output file")
+    ap.add_argument("--impls", default=",".join(ALL_IMPLS),
+                    help=f"comma-separated subset of {','.join(ALL_IMPLS)}")
+    ap.add_argument("--filter", default="", help="only shapes whose name contains this text")
+    ap.add_argument("--jit-dir", default=os.environ.get("FLASHINFER_WORKSPACE_BASE",
+                                                         DEFAULT_JIT_DIR),
+                    help="FlashInfer JIT workspace (sets FLASHINFER_WORKSPACE_BASE)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan; no GPU, no torch")
+    ap.add_argument("--self-test", action="store_true", help="check the reference on the CPU")
+    args = ap.parse_args()
+
+    if args.self_test:
+        import torch  # noqa: PLC0415
+        return 0 if self_test(torch) else 1
+    if not args.shapes:
+        ap.error("the resolved shapes file is required")
+    impls = [x.strip() for x in args.impls.split(",") if x.strip()]
+    unknown = [x for x in impls if x not in ALL_IMPLS]
+    if unknown:
+        ap.error(f"--impls: unknown {unknown}; known: {ALL_IMPLS}")
+    try:
+        shapes = load_shapes(args.shapes, args.filter)
+    except (OSError, ValueError) as exc:
+        print(f"peers.py: cannot read shapes: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        dry_run(shapes, impls)
+        return 0
+    if not args.out:
+        ap.error("--out is required")
+
+    # FlashInfer reads its cache location when it is imported: set it first, one folder for all.
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = args.jit_dir
+    import torch  # noqa: PLC0415
+    if not torch.cuda.is_available():
+        print("peers.py: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 0) or L2_BYTES_FALLBACK
+    print(f"peers.py: {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"cuDNN {torch.backends.cudnn.version()}, L2 {l2_bytes / 1e6:.0f} MB, "
+          f"{len(shapes)} shapes, JIT dir {args.jit_dir}", flush=True)
+
+    impl_objs = []
+    for name in impls:
+        if name == IMPL_FLASHINFER:
+            fi = FlashInferFa2(torch)
+            print(f"peers.py: flashinfer {getattr(fi, 'version', '-')}"
+                  f"{' (' + fi.import_error + ')' if fi.import_error else ''}", flush=True)
+            impl_objs.append(fi)
+        elif name == IMPL_TORCH_FLASH:
+            impl_objs.append(TorchSdpa(torch, name, "FLASH_ATTENTION"))
+        else:
+            impl_objs.append(TorchSdpa(torch, name, "CUDNN_ATTENTION"))
+
+    jit_failures, jit_notes = {}, {}
+    t_jit = time.perf_counter()
+    for impl in impl_objs:
+        compile_configs(torch, impl, shapes, jit_failures, jit_notes)
+    print(f"[jit] all configurations in {time.perf_counter() - t_jit:.1f} s", flush=True)
+
+    timer = Timer(torch)
+    if not timer.can_sleep:
+        print("peers.py: torch.cuda._sleep unavailable: small shapes may time host overhead",
+              flush=True)
+    results = []
+    with open(args.out, "w") as out:
+        for n, shape in enumerate(shapes, 1):
+            t0 = time.perf_counter()
+            copy_count = copies_for(shape, l2_bytes)
+            try:
+                inputs = make_inputs(torch, shape, copy_count)
+            except Exception as exc:
+                inputs = None
+                why = f"error: inputs: {short_error(exc)}"
+            for impl in impl_objs:
+                if inputs is None:
+                    line = result_line(shape, impl.name, why)
+                else:
+                    line = run_one(torch, timer, impl, shape, inputs, copy_count, jit_failures,
+                                   jit_notes)
+                results.append(line)
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+            del inputs
+            torch.cuda.empty_cache()
+            summary = ", ".join(
+                f"{ln['impl']} {ln['tflops']:.1f}" if ln["status"] == "ok"
+                else f"{ln['impl']} {ln['status'].split(':')[0]}"
+                for ln in results[-len(impl_objs):])
+            print(f"[{n}/{len(shapes)}] {shape.name} (x{copy_count} copies, "
+                  f"{time.perf_counter() - t0:.1f} s): {summary}", flush=True)
+    print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
