@@ -214,6 +214,12 @@ def check_output(torch, shape, q, k, v, out):
 # and setup(shape, inputs, copy_count) -> (run(copy_index), to_nhd(result), note).
 
 
+def flashinfer_config(shape):
+    """What selects one FlashInfer JIT module: sequence lengths, head counts and the mask do not."""
+    return ("single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
+            shape.soft_cap is not None, shape.qk_accum)
+
+
 class FlashInferFa2:
     name = IMPL_FLASHINFER
 
@@ -235,8 +241,7 @@ class FlashInferFa2:
         return None
 
     def config_key(self, shape):
-        return ("single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
-                shape.soft_cap is not None, shape.qk_accum)
+        return flashinfer_config(shape)
 
     def setup(self, shape, inputs, copy_count):
         fi, torch = self.module, self.torch
@@ -502,8 +507,7 @@ def dry_run(shapes, impls):
     print(f"{len(shapes)} shapes; impls: {', '.join(impls)}")
     configs = []
     for s in shapes:
-        key = ("single" if s.single else "batch", s.dtype, s.d_qk, s.d_vo, s.soft_cap is not None,
-               s.qk_accum)
+        key = flashinfer_config(s)
         if key not in configs:
             configs.append(key)
         print(f"  {s.name}: requests={len(s.qo_lens)} flops={s.flops:.3e} bytes={s.bytes:.3e} "
@@ -600,7 +604,6 @@ def main():
     if not torch.cuda.is_available():
         print("peers.py: no CUDA device visible to torch", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 0) or L2_BYTES_FALLBACK
     print(f"peers.py: {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
@@ -651,7 +654,7 @@ def main():
             del inputs
             torch.cuda.empty_cache()
             summary = ", ".join(
-                f"{ln['impl']} {ln['tflops']:.1f}" if ln["status"] == "ok"
+                f"{ln['impl']} {ln['tflops'] or 0:.1f}" if ln["status"] == "ok"
                 else f"{ln['impl']} {ln['status'].split(':')[0]}"
                 for ln in results[-len(impl_objs):])
             print(f"[{n}/{len(shapes)}] {shape.name} (x{copy_count} copies, "
