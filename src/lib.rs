@@ -14,10 +14,12 @@
 //! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
 //! of every test.
 
+pub mod codegen;
 pub mod dtype;
 pub mod error;
 pub mod output;
 pub mod problem;
+pub mod shapes;
 pub mod tensor;
 
 pub use dtype::DType;

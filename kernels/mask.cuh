@@ -1,0 +1,66 @@
+// mask.cuh — which keys a query sees, per element and per tile.
+//
+// The definition is docs/semantics.md's (and `Mask::visible` in Rust): with d = kv_len - qo_len,
+// causal keeps j <= i + d; the sliding window also keeps j >= i + d - window_left; a custom mask
+// reads bit (i * kv_len + j) of the request's packed segment (little-endian bit order). The
+// variant's own `logits_mask` hides further keys.
+// Requires: common.cuh, the spec constant MASK_KIND, the variant (VARIANT_HAS_MASK,
+// logits_mask), and the kernel params fields custom_mask, mask_indptr, window_left.
+
+struct RequestMaskContext {
+  int qo_len;
+  int kv_len;
+  int window_left;
+  const unsigned char* custom_bits;  // this request's packed segment, or null
+};
+
+template <int KIND>
+__device__ __forceinline__ bool mask_visible(const RequestMaskContext& m, int qo_idx, int kv_idx) {
+  int diag = qo_idx + m.kv_len - m.qo_len;
+  if constexpr (KIND == MASK_CAUSAL) {
+    return kv_idx <= diag;
+  } else if constexpr (KIND == MASK_SLIDING_WINDOW) {
+    return kv_idx <= diag && kv_idx >= diag - m.window_left;
+  } else if constexpr (KIND == MASK_CUSTOM) {
+    i64_t bit = static_cast<i64_t>(qo_idx) * m.kv_len + kv_idx;
+    return (m.custom_bits[bit >> 3] >> (bit & 7)) & 1;
+  } else {
+    return true;
+  }
+}
+
+// Key range [lo, hi) that tokens [tok_lo, tok_hi] of a request can see at all under KIND.
+template <int KIND>
+__device__ __forceinline__ void visible_key_range(const RequestMaskContext& m, int tok_lo, int tok_hi, int& lo,
+                                                  int& hi) {
+  int d = m.kv_len - m.qo_len;
+  lo = 0;
+  hi = m.kv_len;
+  if constexpr (KIND == MASK_CAUSAL || KIND == MASK_SLIDING_WINDOW) {
+    hi = min(hi, max(0, tok_hi + d + 1));
+  }
+  if constexpr (KIND == MASK_SLIDING_WINDOW) {
+    lo = min(hi, max(0, tok_lo + d - m.window_left));
+  }
+}
+
+// Whether keys [k0, k0 + tile) need per-element masking for tokens [tok_lo, tok_hi]: false only
+// when every key in the tile exists and is visible to every token.
+template <int KIND, bool VARIANT_MASKS>
+__device__ __forceinline__ bool tile_needs_mask(const RequestMaskContext& m, int tok_lo, int tok_hi, int k0,
+                                                int tile) {
+  if (k0 + tile > m.kv_len) return true;
+  if constexpr (VARIANT_MASKS || KIND == MASK_CUSTOM) {
+    return true;
+  } else {
+    int d = m.kv_len - m.qo_len;
+    bool inside = true;
+    if constexpr (KIND == MASK_CAUSAL || KIND == MASK_SLIDING_WINDOW) {
+      inside = k0 + tile - 1 <= tok_lo + d;
+    }
+    if constexpr (KIND == MASK_SLIDING_WINDOW) {
+      inside = inside && k0 >= tok_hi + d - m.window_left;
+    }
+    return !inside;
+  }
+}

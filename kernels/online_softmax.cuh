@@ -1,0 +1,100 @@
+// online_softmax.cuh — running max and sum of one warp's rows, in the base-2 domain.
+//
+// Each thread holds two rows per m16 tile (g and g + 8, g = lane / 4); the four threads of a quad
+// share a row. Logits arrive as base-2 values (LOG2E folded in) with -inf for masked keys. A row
+// that has seen only masked keys keeps max = -inf; its exponent offset is then taken as 0 so no
+// inf - inf ever forms: its p are exp2(-inf) = 0 and its sum stays 0.
+// Requires: common.cuh.
+
+template <int MMA_Q>
+struct OnlineSoftmax {
+  float row_max[MMA_Q][2];  // base 2, per thread row; identical across a quad
+  float row_sum[MMA_Q][2];  // partial: this thread's columns only, reduced in finish()
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mq][h] = neg_inf();
+        row_sum[mq][h] = 0.0f;
+      }
+    }
+  }
+
+  // Turns logits `s` into probabilities relative to the new running max and rescales the output
+  // accumulators `o` when the max grew.
+  template <int KV_NT, int VO_NT>
+  __device__ __forceinline__ void update(float (&s)[MMA_Q][KV_NT][4], float (&o)[MMA_Q][VO_NT][4]) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mq][h];
+#pragma unroll
+        for (int nt = 0; nt < KV_NT; ++nt) mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+        mx = warp_max_quad(mx);
+        float offset = mx == neg_inf() ? 0.0f : mx;
+        float rescale = exp2_approx(row_max[mq][h] - offset);
+        row_max[mq][h] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < KV_NT; ++nt) {
+          s[mq][nt][2 * h] = exp2_approx(s[mq][nt][2 * h] - offset);
+          s[mq][nt][2 * h + 1] = exp2_approx(s[mq][nt][2 * h + 1] - offset);
+          sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+        }
+        row_sum[mq][h] = row_sum[mq][h] * rescale + sum;
+        // The rescale is 1 for every row whose max did not grow: skip the multiplies when that
+        // holds for the whole warp (a uniform branch; the common case after the first tiles).
+        if (__any_sync(0xffffffffu, rescale != 1.0f)) {
+#pragma unroll
+          for (int dt = 0; dt < VO_NT; ++dt) {
+            o[mq][dt][2 * h] *= rescale;
+            o[mq][dt][2 * h + 1] *= rescale;
+          }
+        }
+      }
+    }
+  }
+
+  // Adds the sink logit (base 2) of each row to the denominator, rescaling o accordingly.
+  template <int VO_NT>
+  __device__ __forceinline__ void add_sink(const float (&sink_log2)[MMA_Q][2], float (&o)[MMA_Q][VO_NT][4]) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(row_max[mq][h], sink_log2[mq][h]);
+        float rescale = exp2_approx(row_max[mq][h] - mx);
+        row_sum[mq][h] = row_sum[mq][h] * rescale + exp2_approx(sink_log2[mq][h] - mx);
+        row_max[mq][h] = mx;
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          o[mq][dt][2 * h] *= rescale;
+          o[mq][dt][2 * h + 1] *= rescale;
+        }
+      }
+    }
+  }
+
+  // Reduces the sums over the quad, normalises o and returns the natural-log LSE per row
+  // (-inf for a row that saw no key; then o stays 0).
+  template <int VO_NT>
+  __device__ __forceinline__ void finish(float (&o)[MMA_Q][VO_NT][4], float (&lse)[MMA_Q][2]) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = warp_sum_quad(row_sum[mq][h]);
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        lse[mq][h] = sum > 0.0f ? (row_max[mq][h] + log2_approx(sum)) * LN2 : neg_inf();
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          o[mq][dt][2 * h] *= inv;
+          o[mq][dt][2 * h + 1] *= inv;
+        }
+      }
+    }
+  }
+};

@@ -1,0 +1,396 @@
+// prefill.cuh — FA2-class prefill attention for one work item: (request, query tile, KV head).
+//
+// A CTA of NUM_WARPS warps owns CTA_Q = NUM_WARPS * MMA_Q * 16 "packed" query rows: row p of a
+// request is token p / group_size of query head kv_head * group_size + p % group_size, so the
+// query heads that share a KV head share every K/V tile load (GQA). K and V stream through
+// double-buffered swizzled shared memory with cp.async, so the next tile loads while this one
+// computes. Per KV tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators),
+// widens S to f32 (exactly), applies the variant and the mask, updates the online softmax and
+// accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element masks run only
+// on tiles that need them.
+// Requires: common.cuh, mma.cuh, smem_tile.cuh, mask.cuh, online_softmax.cuh, variant.cuh, the
+// spec constants (namespace spec) and the rendered PrefillParams.
+
+namespace prefill {
+
+using DTypeIn = spec::DTypeIn;
+using DTypeOut = spec::DTypeOut;
+constexpr int NUM_WARPS = spec::NUM_WARPS;
+constexpr int NUM_THREADS = NUM_WARPS * 32;
+constexpr int MMA_Q = spec::MMA_Q;
+constexpr int CTA_Q = NUM_WARPS * MMA_Q * 16;
+constexpr int KV_TILE = spec::KV_TILE;
+constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
+constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
+constexpr int KV_NT = KV_TILE / 8;                 // n8 tiles of S per m16 tile
+constexpr int VO_NT = spec::HEAD_DIM_VO / 8;       // n8 tiles of O per m16 tile
+constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
+constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
+constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
+constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES);
+static_assert(KV_TILE % 16 == 0, "KV tile must be a multiple of 16");
+static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
+static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
+
+// Where this thread's fragment rows sit: token within the request and query head.
+struct RowCoords {
+  int token[MMA_Q][2];
+  int head[MMA_Q][2];
+  bool valid[MMA_Q][2];
+};
+
+// S = Q K^T for this warp's rows over one KV tile, f32 accumulators.
+__device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
+                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+    u32_t a[MMA_Q][4];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+      ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
+      u32_t b[4];
+      ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+        mma_f32acc<DTypeIn>(s[mq][2 * nb], a[mq], b[0], b[1]);
+        mma_f32acc<DTypeIn>(s[mq][2 * nb + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// S = Q K^T with f16 accumulators (rounded to f16 after each k16 step), widened exactly to f32.
+// Where an accumulator overflowed (non-finite), the logit is recomputed with f32 accumulation.
+__device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
+                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
+  u32_t acc[MMA_Q][KV_NT][2];
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt) acc[mq][nt][0] = acc[mq][nt][1] = 0u;
+#pragma unroll
+  for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+    u32_t a[MMA_Q][4];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+      ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
+      u32_t b[4];
+      ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+        mma_f16acc(acc[mq][2 * nb], a[mq], b[0], b[1]);
+        mma_f16acc(acc[mq][2 * nb + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+  bool overflow = false;
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt) {
+      f16x2_to_float2(acc[mq][nt][0], s[mq][nt][0], s[mq][nt][1]);
+      f16x2_to_float2(acc[mq][nt][1], s[mq][nt][2], s[mq][nt][3]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) overflow |= !isfinite(s[mq][nt][e]);
+    }
+  if (__any_sync(0xffffffffu, overflow)) {
+    // Rare: an accumulator left the f16 range, so it is inf or NaN (a non-finite partial sum
+    // never becomes finite again). Recompute 16 keys at a time with f32 accumulators (few live
+    // registers) and replace exactly the non-finite elements.
+#pragma unroll
+    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
+      float exact[MMA_Q][2][4];
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) exact[mq][0][e] = exact[mq][1][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+        u32_t b[4];
+        ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+        for (int mq = 0; mq < MMA_Q; ++mq) {
+          u32_t a[4];
+          ldmatrix_x4(a, q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
+          mma_f32acc<DTypeIn>(exact[mq][0], a, b[0], b[1]);
+          mma_f32acc<DTypeIn>(exact[mq][1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& x = s[mq][2 * nb + half][e];
+            x = isfinite(x) ? x : exact[mq][half][e];
+          }
+    }
+  }
+}
+
+// Turns accumulators into base-2 logits in place: variant transform, then the mask (-inf).
+template <bool NEEDS_MASK>
+__device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
+                                       int kv_head, int k0, int lane, float (&s)[MMA_Q][KV_NT][4]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int h = e / 2;
+        int kv_idx = k0 + nt * 8 + 2 * (lane % 4) + (e % 2);
+        int qo_idx = rows.token[mq][h];
+        int qo_head = rows.head[mq][h];
+        float t = variant_logit_log2(p.variant, s[mq][nt][e], p.post_scale, p.scale_log2, qo_idx, kv_idx, qo_head,
+                                     kv_head, m.qo_len, m.kv_len);
+        if constexpr (NEEDS_MASK) {
+          bool visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
+          if constexpr (VARIANT_HAS_MASK) {
+            visible = visible && logits_mask(p.variant, qo_idx, kv_idx, qo_head, kv_head, m.qo_len, m.kv_len);
+          }
+          t = visible ? t : neg_inf();
+        }
+        s[mq][nt][e] = t;
+      }
+}
+
+// O += P V for this warp's rows over one KV tile; P (in s) is rounded to the input dtype.
+__device__ __forceinline__ void pv(const SmemTile<VO_CHUNKS>& v, int lane, const float (&s)[MMA_Q][KV_NT][4],
+                                   float (&o)[MMA_Q][VO_NT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KV_TILE / 16; ++kk) {
+    u32_t a[MMA_Q][4];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq) {
+      a[mq][0] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+      a[mq][1] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+      a[mq][2] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+      a[mq][3] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int db = 0; db < VO_NT / 2; ++db) {
+      u32_t b[4];
+      ldmatrix_x4_trans(b, v.chunk_addr(kk * 16 + lane % 16, db * 2 + lane / 16));
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+        mma_f32acc<DTypeIn>(o[mq][2 * db], a[mq], b[0], b[1]);
+        mma_f32acc<DTypeIn>(o[mq][2 * db + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Multiplies this thread's Q chunks (loaded by itself) by the f16 prescale, an exact power of two.
+__device__ __forceinline__ void prescale_q(const SmemTile<QK_CHUNKS>& q, unsigned char* q_bytes, float prescale) {
+  u32_t s2 = DTypeTraits<f16_t>::pack2(prescale, prescale);
+#pragma unroll
+  for (int i = 0; i < CTA_Q * QK_CHUNKS / NUM_THREADS; ++i) {
+    int idx = i * NUM_THREADS + threadIdx.x;
+    int row = idx / QK_CHUNKS, chunk = idx % QK_CHUNKS;
+    uint4* c = reinterpret_cast<uint4*>(q_bytes + (q.chunk_addr(row, chunk) - q.base));
+    uint4 x = *c;
+    x.x = f16x2_mul(x.x, s2);
+    x.y = f16x2_mul(x.y, s2);
+    x.z = f16x2_mul(x.z, s2);
+    x.w = f16x2_mul(x.w, s2);
+    *c = x;
+  }
+}
+
+// The query tile of a work item: packed rows [row0, row0 + CTA_Q) of a request's
+// qo_len * group_size packed rows.
+struct QueryTile {
+  int row0;
+  int packed_len;
+  int kv_head;
+  int group;
+
+  __device__ __forceinline__ bool coords(int row, int& token, int& head) const {
+    int packed = row0 + row;
+    token = packed / group;
+    head = kv_head * group + (packed - token * group);
+    return packed < packed_len;
+  }
+};
+
+// Writes this warp's normalised O rows (staged through its own rows of the Q tile, so the global
+// stores are 16 bytes wide) and their LSE.
+__device__ __forceinline__ void store_output(const PrefillParams& p, const QueryTile& tile, const RowCoords& rows,
+                                             int qo_start, int warp_row0, int lane, unsigned char* q_bytes,
+                                             const SmemTile<VO_CHUNKS>& stage, const float (&o)[MMA_Q][VO_NT][4],
+                                             const float (&lse)[MMA_Q][2]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int row = warp_row0 + mq * 16 + lane / 4 + 8 * h;
+#pragma unroll
+      for (int dt = 0; dt < VO_NT; ++dt) {
+        u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
+        u32_t addr = stage.chunk_addr(row, dt) + 4 * (lane % 4);
+        *reinterpret_cast<u32_t*>(q_bytes + (addr - stage.base)) = packed;
+      }
+      if (p.lse != nullptr && lane % 4 == 0 && rows.valid[mq][h]) {
+        p.lse[static_cast<i64_t>(qo_start + rows.token[mq][h]) * p.num_qo_heads + rows.head[mq][h]] = lse[mq][h];
+      }
+    }
+  __syncwarp();
+  constexpr int WARP_ROWS = MMA_Q * 16;
+  DTypeOut* out = static_cast<DTypeOut*>(p.o);
+#pragma unroll
+  for (int i = 0; i < WARP_ROWS * VO_CHUNKS / 32; ++i) {
+    int idx = i * 32 + lane;
+    int row = warp_row0 + idx / VO_CHUNKS, chunk = idx % VO_CHUNKS;
+    int token, head;
+    if (tile.coords(row, token, head)) {
+      const uint4* src = reinterpret_cast<const uint4*>(q_bytes + (stage.chunk_addr(row, chunk) - stage.base));
+      DTypeOut* dst = out + (qo_start + token) * p.o_stride_token + head * p.o_stride_head + chunk * 8;
+      *reinterpret_cast<uint4*>(dst) = *src;
+    }
+  }
+}
+
+// One CTA: the whole KV range of one (request, query tile, KV head) work item.
+__device__ __forceinline__ void run_cta(const PrefillParams& p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int4 work = p.work[blockIdx.x];  // (request, query tile, kv head, unused)
+  const int request = work.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int qo_start = p.qo_indptr[request], kv_start = p.kv_indptr[request];
+  RequestMaskContext m;
+  m.qo_len = p.qo_indptr[request + 1] - qo_start;
+  m.kv_len = p.kv_indptr[request + 1] - kv_start;
+  m.window_left = p.window_left;
+  m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[request] : nullptr;
+
+  QueryTile tile;
+  tile.row0 = work.y * CTA_Q;
+  tile.packed_len = m.qo_len * p.group_size;
+  tile.kv_head = work.z;
+  tile.group = p.group_size;
+  const int warp_row0 = warp * MMA_Q * 16;
+
+  RowCoords rows;
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      rows.valid[mq][h] = tile.coords(warp_row0 + mq * 16 + lane / 4 + 8 * h, rows.token[mq][h], rows.head[mq][h]);
+
+  const int tok_lo = tile.row0 / tile.group;
+  const int tok_hi = (min(tile.row0 + CTA_Q, tile.packed_len) - 1) / tile.group;
+  int kv_lo, kv_hi;
+  visible_key_range<spec::MASK_KIND>(m, tok_lo, tok_hi, kv_lo, kv_hi);
+  kv_lo = kv_lo / KV_TILE * KV_TILE;
+  const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KV_TILE - 1) / KV_TILE : 0;
+
+  const SmemTile<QK_CHUNKS> q_tile{smem_addr(smem)};
+  const u32_t k_base = q_tile.base + Q_TILE_BYTES;
+  const u32_t v_base = k_base + 2 * K_TILE_BYTES;
+  // The K and V buffers of tile t (double-buffered: t % 2).
+  auto k_tile = [&](int t) { return SmemTile<QK_CHUNKS>{k_base + (t % 2) * K_TILE_BYTES}; };
+  auto v_tile = [&](int t) { return SmemTile<VO_CHUNKS>{v_base + (t % 2) * V_TILE_BYTES}; };
+
+  const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
+  const DTypeIn* k_ptr = static_cast<const DTypeIn*>(p.k) + kv_start * p.k_stride_token + tile.kv_head * p.k_stride_head;
+  const DTypeIn* v_ptr = static_cast<const DTypeIn*>(p.v) + kv_start * p.v_stride_token + tile.kv_head * p.v_stride_head;
+
+  // K and V of tile t go to buffer t % 2, each as its own cp.async group; a group is committed
+  // even when empty so that the wait counts below stay the same on the last tile.
+  auto load_k = [&](int t) {
+    if (t < num_tiles) {
+      int k0 = kv_lo + t * KV_TILE;
+      load_tile_async<KV_TILE, QK_CHUNKS, NUM_THREADS, DTypeIn>(k_tile(t), [&](int row, bool& valid) {
+        valid = k0 + row < m.kv_len;
+        return k_ptr + (valid ? static_cast<i64_t>(k0 + row) * p.k_stride_token : 0);
+      });
+    }
+    cp_async_commit();
+  };
+  auto load_v = [&](int t) {
+    if (t < num_tiles) {
+      int k0 = kv_lo + t * KV_TILE;
+      load_tile_async<KV_TILE, VO_CHUNKS, NUM_THREADS, DTypeIn>(v_tile(t), [&](int row, bool& valid) {
+        valid = k0 + row < m.kv_len;
+        return v_ptr + (valid ? static_cast<i64_t>(k0 + row) * p.v_stride_token : 0);
+      });
+    }
+    cp_async_commit();
+  };
+
+  float o[MMA_Q][VO_NT][4];
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int dt = 0; dt < VO_NT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mq][dt][e] = 0.0f;
+  OnlineSoftmax<MMA_Q> softmax;
+  softmax.init();
+
+  if (num_tiles > 0) {
+    load_tile_async<CTA_Q, QK_CHUNKS, NUM_THREADS, DTypeIn>(q_tile, [&](int row, bool& valid) {
+      int token, head;
+      valid = tile.coords(row, token, head);
+      return q_ptr + (valid ? static_cast<i64_t>(qo_start + token) * p.q_stride_token + head * p.q_stride_head : 0);
+    });
+    load_k(0);  // one group: Q and K_0
+    load_v(0);
+  }
+  for (int t = 0; t < num_tiles; ++t) {
+    const int k0 = kv_lo + t * KV_TILE;
+    cp_async_wait<1>();  // in flight were K_t (with Q when t = 0) and V_t: K_t has landed
+    if constexpr (spec::QK_F16_ACCUM) {
+      if (t == 0) prescale_q(q_tile, smem, p.q_prescale);
+    }
+    __syncthreads();
+    // Every warp is past S of tile t - 1: K_{t+1} may overwrite its buffer.
+    load_k(t + 1);
+    float s[MMA_Q][KV_NT][4];
+    if constexpr (spec::QK_F16_ACCUM) {
+      qk_f16(q_tile, k_tile(t), warp_row0, lane, s);
+    } else {
+      qk_f32(q_tile, k_tile(t), warp_row0, lane, s);
+    }
+    if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_TILE)) {
+      logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
+    } else {
+      logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
+    }
+    softmax.update(s, o);
+    cp_async_wait<1>();  // in flight were V_t and K_{t+1}: V_t has landed
+    __syncthreads();
+    // Every warp is past P V of tile t - 1: V_{t+1} may overwrite its buffer.
+    load_v(t + 1);
+    pv(v_tile(t), lane, s, o);
+  }
+
+  if constexpr (VARIANT_HAS_SINK) {
+    float sink_log2[MMA_Q][2];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sink_log2[mq][h] = LOG2E * sink_logit(p.variant, rows.head[mq][h]);
+    softmax.add_sink(sink_log2, o);
+  }
+  float lse[MMA_Q][2];
+  softmax.finish(o, lse);
+  // The Q tile becomes the output staging area. Its reads all happened before the last tile's
+  // second barrier (no copy is in flight: every group was waited for, or none was issued).
+  __syncwarp();
+  store_output(p, tile, rows, qo_start, warp_row0, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
+}
+
+}  // namespace prefill

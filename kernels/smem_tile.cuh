@@ -1,0 +1,34 @@
+// smem_tile.cuh — swizzled shared-memory tiles of rows of 16-byte chunks.
+//
+// A tile row holds one token's head vector: ROW_CHUNKS chunks of 8 elements (16 bytes). Chunk c
+// of row r is stored at position (c ^ (r % 8)) within its row, so the 8 rows an ldmatrix reads at
+// one logical chunk hit 8 distinct 16-byte bank groups: no bank conflicts. ROW_CHUNKS must be a
+// multiple of 8 (head dims 64, 128, 192, 256 are).
+// Requires: mma.cuh (smem_addr, cp_async_16).
+
+template <int ROW_CHUNKS>
+struct SmemTile {
+  static_assert(ROW_CHUNKS % 8 == 0, "rows must span whole groups of 8 chunks for the swizzle");
+  u32_t base;  // shared-memory address of chunk 0 of row 0
+
+  __device__ __forceinline__ u32_t chunk_addr(int row, int chunk) const {
+    return base + static_cast<u32_t>((row * ROW_CHUNKS + (chunk ^ (row & 7))) * 16);
+  }
+};
+
+// Loads ROWS rows of a [tokens, heads, dim] tensor into `tile` with cp.async, NUM_THREADS
+// threads cooperating. `row_src(row, valid)` returns the global address of the row's first
+// element and sets `valid` (false: zero-fill).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, typename RowSource>
+__device__ __forceinline__ void load_tile_async(const SmemTile<ROW_CHUNKS>& tile, RowSource row_src) {
+  static_assert((ROWS * ROW_CHUNKS) % NUM_THREADS == 0, "tile must split evenly over threads");
+  constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);
+#pragma unroll
+  for (int i = 0; i < ROWS * ROW_CHUNKS / NUM_THREADS; ++i) {
+    int idx = i * NUM_THREADS + threadIdx.x;
+    int row = idx / ROW_CHUNKS, chunk = idx % ROW_CHUNKS;
+    bool valid;
+    const T* src = row_src(row, valid);
+    cp_async_16(tile.chunk_addr(row, chunk), src + chunk * ELEMS_PER_CHUNK, valid);
+  }
+}

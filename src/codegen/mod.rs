@@ -1,0 +1,81 @@
+//! Code generation: [`KernelSpec`] in, CUDA source out. Pure: no GPU, no toolkit.
+//!
+//! The CUDA templates live in `kernels/*.cuh` as real files, embedded with `include_str!`; Rust
+//! renders the small specialisation for one spec (constants, the variant block, the parameter
+//! struct, the entry point). [`compile_matrix`] lists every kernel the engine can emit, which
+//! `attnforge compile` and CI compile for each target architecture.
+
+mod params;
+mod render;
+mod spec;
+mod tile;
+mod variant;
+
+pub use params::{ParamBlockLayout, PrefillParams, VariantLayout};
+pub use render::{render, RenderedKernel};
+pub use spec::{heavy, KernelSpec, VariantSpec, CUDA_DTYPES};
+pub use tile::TileConfig;
+pub use variant::{param_values, SnippetSpan, VariantCode};
+
+use crate::dtype::DType;
+use crate::problem::{CudaVariantSource, HeadDims, MaskKind, ParamType, QkAccum};
+
+/// The sample custom variant the compile matrix includes: a temperature and a per-head bias,
+/// plus a mask, so that every part of the custom path (scalar and pointer parameters, a mask
+/// hook) is compiled in CI.
+pub fn sample_custom_variant_source() -> CudaVariantSource {
+    CudaVariantSource {
+        transform_body: "return s * params.temperature + params.head_bias[qo_head];".into(),
+        mask_body: Some("return ((qo_idx + 2 * kv_idx) % 7) != 3;".into()),
+        params: vec![
+            ("temperature".into(), ParamType::F32),
+            ("head_bias".into(), ParamType::F32Ptr),
+        ],
+    }
+}
+
+/// Every kernel the engine can emit today: prefill over dtypes x QK accumulation (f16 only with
+/// f16 inputs) x head dims x masks x variants (built-ins and the sample custom one) x each tile
+/// the planner can pick for the head dims.
+pub fn compile_matrix() -> Vec<KernelSpec> {
+    let variants = [
+        VariantSpec::None,
+        VariantSpec::SoftCap,
+        VariantSpec::Alibi,
+        VariantSpec::Sinks,
+        VariantSpec::Custom {
+            name: "sample".into(),
+            source: sample_custom_variant_source(),
+        },
+    ];
+    let mut specs = Vec::new();
+    for dtype in CUDA_DTYPES {
+        let accums: &[QkAccum] = if dtype == DType::F16 {
+            &[QkAccum::F32, QkAccum::F16]
+        } else {
+            &[QkAccum::F32]
+        };
+        for &qk_accum in accums {
+            for head_dims in HeadDims::all() {
+                for mask in MaskKind::ALL {
+                    for variant in &variants {
+                        for tile in
+                            TileConfig::candidates(head_dims, qk_accum, spec::heavy(mask, variant))
+                        {
+                            specs.push(KernelSpec {
+                                input_dtype: dtype,
+                                output_dtype: dtype,
+                                qk_accum,
+                                head_dims,
+                                mask,
+                                variant: variant.clone(),
+                                tile,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    specs
+}

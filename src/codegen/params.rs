@@ -1,0 +1,253 @@
+//! The kernel parameter block: one Rust definition that yields both the `#[repr(C)]` struct the
+//! launcher fills and the CUDA struct the kernel reads, with offset checks compiled into the
+//! kernel so the two can never drift apart.
+//!
+//! The block is the fixed fields ([`PrefillParams`]) followed by the variant's own parameters
+//! (`VariantParams`), whose layout depends on the variant and is computed by [`VariantLayout`].
+//! Neither struct has padding between fields (the fixed one by a const assertion, the variant
+//! one because its 8-byte fields come first), so equal field sizes and an equal total size,
+//! which the generated CUDA asserts, imply equal offsets: NVRTC has no `offsetof` without
+//! toolkit headers, and this check needs none.
+
+use crate::problem::{ParamType, ParamValue};
+use std::fmt::Write;
+
+macro_rules! kernel_params {
+    ($(#[$doc:meta])* $name:ident { $($(#[$fdoc:meta])* $field:ident : $rty:ty => $cty:literal,)* }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct $name {
+            $($(#[$fdoc])* pub $field: $rty,)*
+        }
+
+        // The block is copied byte for byte: it must have no padding (uninitialised bytes).
+        const _: () = assert!(0 $(+ std::mem::size_of::<$rty>())* == std::mem::size_of::<$name>());
+
+        impl $name {
+            /// (field name, CUDA type, byte offset) of every field, in order.
+            pub fn cuda_fields() -> Vec<(&'static str, &'static str, usize)> {
+                vec![$((stringify!($field), $cty, std::mem::offset_of!($name, $field)),)*]
+            }
+        }
+    };
+}
+
+kernel_params! {
+    /// Fixed parameters of the prefill kernel. Pointers are device addresses; strides are in
+    /// elements.
+    PrefillParams {
+        /// Q, `[total_qo, num_qo_heads, head_dim_qk]` view.
+        q: u64 => "const void*",
+        /// K view.
+        k: u64 => "const void*",
+        /// V view.
+        v: u64 => "const void*",
+        /// O, contiguous.
+        o: u64 => "void*",
+        /// LSE `[total_qo, num_qo_heads]` or null.
+        lse: u64 => "float*",
+        /// Query indptr (`batch + 1`).
+        qo_indptr: u64 => "const int*",
+        /// KV indptr (`batch + 1`).
+        kv_indptr: u64 => "const int*",
+        /// Work items: (request, query tile, kv head, 0) per CTA.
+        work: u64 => "const int4*",
+        /// Packed custom mask or null.
+        custom_mask: u64 => "const unsigned char*",
+        /// Byte offset of each request's mask segment or null.
+        mask_indptr: u64 => "const long long*",
+        /// Q token stride.
+        q_stride_token: i64 => "long long",
+        /// Q head stride.
+        q_stride_head: i64 => "long long",
+        /// K token stride.
+        k_stride_token: i64 => "long long",
+        /// K head stride.
+        k_stride_head: i64 => "long long",
+        /// V token stride.
+        v_stride_token: i64 => "long long",
+        /// V head stride.
+        v_stride_head: i64 => "long long",
+        /// O token stride.
+        o_stride_token: i64 => "long long",
+        /// O head stride.
+        o_stride_head: i64 => "long long",
+        /// Query heads.
+        num_qo_heads: i32 => "int",
+        /// Query heads per KV head.
+        group_size: i32 => "int",
+        /// Sliding window (keys left of the diagonal).
+        window_left: i32 => "int",
+        /// Power of two applied to q before an f16-accumulated dot product (1 otherwise).
+        q_prescale: f32 => "float",
+        /// Factor from the accumulated dot product to the scaled logit `s`.
+        post_scale: f32 => "float",
+        /// `post_scale * LOG2E`, used when the variant has no transform.
+        scale_log2: f32 => "float",
+    }
+}
+
+/// Byte layout of a variant's parameter struct.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VariantLayout {
+    /// (name, type, offset) per field.
+    pub fields: Vec<(String, ParamType, usize)>,
+    /// Size in bytes, padded to the alignment.
+    pub size: usize,
+    /// Alignment in bytes.
+    pub align: usize,
+}
+
+/// Name of the filler field of a variant without parameters (C++ structs are never empty).
+const EMPTY_FIELD: &str = "unused_";
+
+fn type_size(t: ParamType) -> usize {
+    match t {
+        ParamType::F32 | ParamType::I32 => 4,
+        ParamType::F32Ptr | ParamType::I32Ptr => 8,
+    }
+}
+
+impl VariantLayout {
+    /// Lays out `params`: 8-byte fields first, then 4-byte ones, each group in declaration
+    /// order, so no field needs padding. `fields` stays in declaration order.
+    pub fn new(params: &[(String, ParamType)]) -> VariantLayout {
+        let decls: Vec<(String, ParamType)> = if params.is_empty() {
+            vec![(EMPTY_FIELD.to_string(), ParamType::I32)]
+        } else {
+            params.to_vec()
+        };
+        let mut placement: Vec<usize> = (0..decls.len()).collect();
+        placement.sort_by_key(|&i| std::cmp::Reverse(type_size(decls[i].1)));
+        let mut offsets = vec![0usize; decls.len()];
+        let mut offset = 0usize;
+        for &i in &placement {
+            offsets[i] = offset;
+            offset += type_size(decls[i].1);
+        }
+        let align = decls.iter().map(|(_, t)| type_size(*t)).max().unwrap_or(4);
+        let fields = decls
+            .into_iter()
+            .zip(offsets)
+            .map(|((n, t), o)| (n, t, o))
+            .collect();
+        VariantLayout {
+            fields,
+            size: offset.next_multiple_of(align),
+            align,
+        }
+    }
+
+    /// The CUDA definition of `struct VariantParams`, fields in placement order, with checks of
+    /// every field's size and of the total size.
+    pub fn cuda_struct(&self) -> String {
+        let mut placed: Vec<&(String, ParamType, usize)> = self.fields.iter().collect();
+        placed.sort_by_key(|f| f.2);
+        let mut s = String::from("struct VariantParams {\n");
+        for (name, ty, _) in &placed {
+            let _ = writeln!(s, "  {} {};", ty.cuda_type(), name);
+        }
+        s.push_str("};\n");
+        for (name, ty, _) in &placed {
+            let _ = writeln!(
+                s,
+                "static_assert(sizeof(VariantParams::{name}) == {}, \"size of variant {name}\");",
+                type_size(*ty)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "static_assert(sizeof(VariantParams) == {}, \"size of VariantParams\");",
+            self.size
+        );
+        s
+    }
+
+    /// Packs values (device addresses already substituted for arrays, as `ptrs`, in order of the
+    /// pointer fields) into the struct's bytes.
+    pub fn pack(&self, values: &[ParamValue], ptrs: &[u64]) -> Vec<u8> {
+        let mut bytes = vec![0u8; self.size];
+        let mut ptrs = ptrs.iter();
+        for ((_, _, offset), value) in self.fields.iter().zip(values) {
+            let raw: Vec<u8> = match value {
+                ParamValue::F32(x) => x.to_le_bytes().to_vec(),
+                ParamValue::I32(x) => x.to_le_bytes().to_vec(),
+                ParamValue::F32Array(_) | ParamValue::I32Array(_) => {
+                    ptrs.next().copied().unwrap_or(0).to_le_bytes().to_vec()
+                }
+            };
+            bytes[*offset..*offset + raw.len()].copy_from_slice(&raw);
+        }
+        bytes
+    }
+}
+
+/// The whole parameter block: fixed part, then the variant struct at its alignment.
+#[derive(Clone, Debug)]
+pub struct ParamBlockLayout {
+    /// Offset of the variant struct.
+    pub variant_offset: usize,
+    /// Total size.
+    pub size: usize,
+    /// The variant layout.
+    pub variant: VariantLayout,
+}
+
+impl ParamBlockLayout {
+    /// The layout for a variant.
+    pub fn new(variant: VariantLayout) -> ParamBlockLayout {
+        let fixed = std::mem::size_of::<PrefillParams>();
+        let fixed_align = std::mem::align_of::<PrefillParams>();
+        let variant_offset = fixed.next_multiple_of(variant.align);
+        let size = (variant_offset + variant.size).next_multiple_of(fixed_align.max(variant.align));
+        ParamBlockLayout {
+            variant_offset,
+            size,
+            variant,
+        }
+    }
+
+    /// The CUDA definition of `struct PrefillParams` (after `VariantParams`) with checks of
+    /// every field's size and of the total size.
+    pub fn cuda_struct(&self) -> String {
+        let mut s = String::from("struct PrefillParams {\n");
+        for (name, ty, _) in PrefillParams::cuda_fields() {
+            let _ = writeln!(s, "  {ty} {name};");
+        }
+        s.push_str("  VariantParams variant;\n};\n");
+        let fields = PrefillParams::cuda_fields();
+        for (i, (name, _, offset)) in fields.iter().enumerate() {
+            let end = fields.get(i + 1).map_or(self.variant_offset, |f| f.2);
+            let _ = writeln!(
+                s,
+                "static_assert(sizeof(PrefillParams::{name}) == {}, \"size of {name}\");",
+                end - offset
+            );
+        }
+        let _ = writeln!(
+            s,
+            "static_assert(sizeof(PrefillParams) == {}, \"size of PrefillParams\");",
+            self.size
+        );
+        s
+    }
+
+    /// The bytes of the block.
+    pub fn pack(&self, fixed: &PrefillParams, variant_bytes: &[u8]) -> Vec<u8> {
+        let mut bytes = vec![0u8; self.size];
+        // SAFETY: PrefillParams is repr(C) plain data (integers and floats) with no padding (a
+        // const assertion above checks it), so all size_of::<PrefillParams>() bytes are
+        // initialised.
+        let fixed_bytes = unsafe {
+            std::slice::from_raw_parts(
+                (fixed as *const PrefillParams).cast::<u8>(),
+                std::mem::size_of::<PrefillParams>(),
+            )
+        };
+        bytes[..fixed_bytes.len()].copy_from_slice(fixed_bytes);
+        bytes[self.variant_offset..self.variant_offset + variant_bytes.len()]
+            .copy_from_slice(variant_bytes);
+        bytes
+    }
+}

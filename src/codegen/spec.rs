@@ -1,0 +1,167 @@
+//! `KernelSpec`: everything that changes the generated code of one kernel, and nothing else.
+//!
+//! A spec is derived from an [`AttentionProblem`] by [`KernelSpec::for_problem`] (plus the tile
+//! the planner picks) and rendered to source by [`super::render`]. The cache key is a hash of the
+//! rendered source, so any field that changes the code changes the key by construction.
+
+use super::tile::TileConfig;
+use crate::dtype::DType;
+use crate::problem::{
+    AttentionProblem, CudaVariantSource, HeadDims, MaskKind, QkAccum, Variant, VariantKind,
+};
+use crate::Error;
+use std::fmt;
+
+/// The variant as far as code generation is concerned: built-ins by kind, custom ones with their
+/// CUDA source (which is part of the code).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum VariantSpec {
+    /// No transform.
+    None,
+    /// Soft-capping.
+    SoftCap,
+    /// ALiBi.
+    Alibi,
+    /// Attention sinks.
+    Sinks,
+    /// A user's CUDA snippet.
+    Custom {
+        /// Identifier used in the kernel name.
+        name: String,
+        /// The snippet and its parameter declarations.
+        source: CudaVariantSource,
+    },
+}
+
+impl VariantSpec {
+    /// The data-free kind.
+    pub fn kind(&self) -> VariantKind {
+        match self {
+            VariantSpec::None => VariantKind::None,
+            VariantSpec::SoftCap => VariantKind::SoftCap,
+            VariantSpec::Alibi => VariantKind::Alibi,
+            VariantSpec::Sinks => VariantKind::Sinks,
+            VariantSpec::Custom { .. } => VariantKind::Custom,
+        }
+    }
+
+    /// Name fragment for kernel names.
+    pub fn label(&self) -> String {
+        match self {
+            VariantSpec::Custom { name, .. } => format!("custom_{name}"),
+            other => other.kind().name().to_string(),
+        }
+    }
+}
+
+/// What one generated prefill kernel computes and how it is tiled.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    /// Element type of Q, K, V.
+    pub input_dtype: DType,
+    /// Element type of O.
+    pub output_dtype: DType,
+    /// QK accumulation type.
+    pub qk_accum: QkAccum,
+    /// Head dims.
+    pub head_dims: HeadDims,
+    /// Mask kind.
+    pub mask: MaskKind,
+    /// Variant.
+    pub variant: VariantSpec,
+    /// CTA tiling.
+    pub tile: TileConfig,
+}
+
+/// The dtypes the CUDA kernels take.
+pub const CUDA_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
+
+impl KernelSpec {
+    /// The spec that runs `problem`, with the tile [`TileConfig::choose`] picks for it. Fails
+    /// when the problem needs something the generator cannot emit (f32 inputs, a custom variant
+    /// without CUDA source), saying what is supported.
+    pub fn for_problem(problem: &AttentionProblem) -> Result<KernelSpec, Error> {
+        if !CUDA_DTYPES.contains(&problem.input_dtype) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("input dtype {}", problem.input_dtype),
+                supported: "f16, bf16".into(),
+            });
+        }
+        if !CUDA_DTYPES.contains(&problem.output_dtype) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("output dtype {}", problem.output_dtype),
+                supported: "f16, bf16".into(),
+            });
+        }
+        let variant = match &problem.variant {
+            Variant::None => VariantSpec::None,
+            Variant::SoftCap { .. } => VariantSpec::SoftCap,
+            Variant::Alibi { .. } => VariantSpec::Alibi,
+            Variant::Sinks { .. } => VariantSpec::Sinks,
+            Variant::Custom(c) => match &c.cuda {
+                Some(source) => VariantSpec::Custom {
+                    name: c.name.clone(),
+                    source: source.clone(),
+                },
+                None => {
+                    return Err(Error::Unsupported {
+                        backend: "cuda",
+                        what: format!("custom variant {:?} without a CUDA snippet", c.name),
+                        supported: "custom variants that carry a CudaVariantSource".into(),
+                    })
+                }
+            },
+        };
+        let max_packed_rows =
+            problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
+        let tile = TileConfig::choose(
+            problem.head_dims,
+            problem.qk_accum,
+            heavy(problem.mask.kind(), &variant),
+            max_packed_rows,
+        );
+        Ok(KernelSpec {
+            input_dtype: problem.input_dtype,
+            output_dtype: problem.output_dtype,
+            qk_accum: problem.qk_accum,
+            head_dims: problem.head_dims,
+            mask: problem.mask.kind(),
+            variant,
+            tile,
+        })
+    }
+
+    /// Whether the kernel runs per-element hooks beyond the built-in masks (a custom mask or a
+    /// custom variant), which decides its tile candidates.
+    pub fn is_heavy(&self) -> bool {
+        heavy(self.mask, &self.variant)
+    }
+
+    /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
+    pub fn name(&self) -> String {
+        format!(
+            "attnforge_prefill_{}_o{}_qk{}_d{}x{}_{}_{}_{}",
+            self.input_dtype,
+            self.output_dtype,
+            self.qk_accum.name(),
+            self.head_dims.qk(),
+            self.head_dims.vo(),
+            self.mask.name(),
+            self.variant.label(),
+            self.tile.label(),
+        )
+    }
+}
+
+/// See [`KernelSpec::is_heavy`].
+pub fn heavy(mask: MaskKind, variant: &VariantSpec) -> bool {
+    mask == MaskKind::Custom || matches!(variant, VariantSpec::Custom { .. })
+}
+
+impl fmt::Display for KernelSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}

@@ -1,0 +1,90 @@
+//! CTA tile configurations and the rule that picks one per problem.
+//!
+//! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
+//! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
+
+use crate::problem::{HeadDims, QkAccum};
+
+/// How one CTA of the prefill kernel is tiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct TileConfig {
+    /// Warps per CTA.
+    pub num_warps: u32,
+    /// m16 query tiles per warp.
+    pub mma_q: u32,
+    /// Keys per KV tile.
+    pub kv_tile: u32,
+}
+
+/// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
+const CHUNK_BYTES: u32 = 16;
+/// Elements per chunk.
+const CHUNK_ELEMS: u32 = 8;
+
+impl TileConfig {
+    /// Packed query rows per CTA.
+    pub fn cta_q(self) -> u32 {
+        self.num_warps * self.mma_q * 16
+    }
+
+    /// Threads per CTA.
+    pub fn threads(self) -> u32 {
+        self.num_warps * 32
+    }
+
+    /// Dynamic shared memory: the Q tile and two K and V tiles each.
+    pub fn smem_bytes(self, dims: HeadDims) -> u32 {
+        let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
+        let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
+        self.cta_q() * qk_row + 2 * self.kv_tile * (qk_row + vo_row)
+    }
+
+    /// Name fragment, e.g. `w4q2kv64`.
+    pub fn label(self) -> String {
+        format!("w{}q{}kv{}", self.num_warps, self.mma_q, self.kv_tile)
+    }
+
+    /// Every configuration the planner can pick for a kernel (the compile matrix covers them
+    /// all), widest first. The choices keep kernels free of register spills (`attnforge compile`
+    /// checks): `heavy` kernels (a custom mask or custom variant hooks) keep more values live per
+    /// element and get the narrow tiles.
+    pub fn candidates(dims: HeadDims, accum: QkAccum, heavy: bool) -> Vec<TileConfig> {
+        let tile = |mma_q, kv_tile| TileConfig {
+            num_warps: 4,
+            mma_q,
+            kv_tile,
+        };
+        match (dims.qk(), accum, heavy) {
+            (64, _, _) => vec![tile(2, 64), tile(1, 64)],
+            (128, QkAccum::F32, false) => vec![tile(2, 32), tile(1, 64)],
+            (128, _, _) => vec![tile(1, 64)],
+            (192, _, _) => vec![tile(1, 32)],
+            (_, QkAccum::F32, _) => vec![tile(1, 32)],
+            (_, QkAccum::F16, _) => vec![tile(1, 16)],
+        }
+    }
+
+    /// Whether a kernel with this tile may spill registers, and why. Only head dim 256 with f16
+    /// accumulation and custom hooks does (a few bytes): its O accumulator alone takes 128 of
+    /// the 255 registers a thread can have, and no narrower tile exists.
+    pub fn spill_allowance(dims: HeadDims, accum: QkAccum, heavy: bool) -> Option<&'static str> {
+        (dims.qk() == 256 && accum == QkAccum::F16 && heavy)
+            .then_some("head dim 256 keeps 128 f32 output accumulators per thread")
+    }
+
+    /// The configuration for `dims` when the longest request has `max_packed_rows` packed query
+    /// rows (qo_len x group size): the narrow tile when one wide tile would be mostly empty.
+    pub fn choose(
+        dims: HeadDims,
+        accum: QkAccum,
+        heavy: bool,
+        max_packed_rows: usize,
+    ) -> TileConfig {
+        let candidates = Self::candidates(dims, accum, heavy);
+        candidates
+            .iter()
+            .copied()
+            .find(|t| max_packed_rows as u32 > t.cta_q() / 2)
+            .unwrap_or(*candidates.last().expect("every head dim has a tile"))
+    }
+}
