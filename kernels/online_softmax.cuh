@@ -58,37 +58,27 @@ struct OnlineSoftmax {
     }
   }
 
-  // Adds the sink logit (base 2) of each row to the denominator, rescaling o accordingly.
-  template <int VO_NT>
-  __device__ __forceinline__ void add_sink(const float (&sink_log2)[MMA_Q][2], float (&o)[MMA_Q][VO_NT][4]) {
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(row_max[mq][h], sink_log2[mq][h]);
-        float rescale = exp2_approx(row_max[mq][h] - mx);
-        row_sum[mq][h] = row_sum[mq][h] * rescale + exp2_approx(sink_log2[mq][h] - mx);
-        row_max[mq][h] = mx;
-#pragma unroll
-        for (int dt = 0; dt < VO_NT; ++dt) {
-          o[mq][dt][2 * h] *= rescale;
-          o[mq][dt][2 * h + 1] *= rescale;
-        }
-      }
-    }
-  }
-
   // Reduces the sums over the quad, normalises o and returns the natural-log LSE per row
-  // (-inf for a row that saw no key; then o stays 0).
-  template <int VO_NT>
-  __device__ __forceinline__ void finish(float (&o)[MMA_Q][VO_NT][4], float (&lse)[MMA_Q][2]) {
+  // (-inf for a row that saw no key; then o stays 0). With WITH_SINK, each row's sink logit
+  // (base 2) joins the denominator only, once per row (after the quad reduction).
+  template <bool WITH_SINK, int VO_NT>
+  __device__ __forceinline__ void finish(float (&o)[MMA_Q][VO_NT][4], const float (&sink_log2)[MMA_Q][2],
+                                         float (&lse)[MMA_Q][2]) {
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float sum = warp_sum_quad(row_sum[mq][h]);
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        lse[mq][h] = sum > 0.0f ? (row_max[mq][h] + log2_approx(sum)) * LN2 : neg_inf();
+        float mx = row_max[mq][h];
+        float scale = 1.0f;
+        if constexpr (WITH_SINK) {
+          float with_sink = fmaxf(mx, sink_log2[mq][h]);
+          scale = exp2_approx(mx - with_sink);
+          sum = sum * scale + exp2_approx(sink_log2[mq][h] - with_sink);
+          mx = with_sink;
+        }
+        float inv = sum > 0.0f ? scale / sum : 0.0f;
+        lse[mq][h] = sum > 0.0f ? (mx + log2_approx(sum)) * LN2 : neg_inf();
 #pragma unroll
         for (int dt = 0; dt < VO_NT; ++dt) {
           o[mq][dt][2 * h] *= inv;

@@ -377,16 +377,14 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     pv(v_tile(t), lane, s, o);
   }
 
-  if constexpr (VARIANT_HAS_SINK) {
-    float sink_log2[MMA_Q][2];
+  float sink_log2[MMA_Q][2];
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq)
+  for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) sink_log2[mq][h] = LOG2E * sink_logit(p.variant, rows.head[mq][h]);
-    softmax.add_sink(sink_log2, o);
-  }
+    for (int h = 0; h < 2; ++h)
+      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
   float lse[MMA_Q][2];
-  softmax.finish(o, lse);
+  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
   // The Q tile becomes the output staging area. Its reads all happened before the last tile's
   // second barrier (no copy is in flight: every group was waited for, or none was issued).
   __syncwarp();
