@@ -15,12 +15,16 @@
 //! of every test.
 
 pub mod codegen;
+pub mod compare;
 pub mod dtype;
 pub mod error;
+pub mod merge;
 pub mod output;
 pub mod problem;
 pub mod shapes;
+pub mod reference;
 pub mod tensor;
+pub mod testing;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
