@@ -16,6 +16,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod jit;
 pub mod output;
 pub mod problem;
 pub mod tensor;
