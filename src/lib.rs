@@ -19,6 +19,7 @@ pub mod compare;
 pub mod dtype;
 pub mod error;
 pub mod merge;
+pub mod jit;
 pub mod output;
 pub mod problem;
 pub mod shapes;

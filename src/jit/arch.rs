@@ -1,0 +1,131 @@
+//! The GPU architectures attnforge compiles CUBIN for.
+//!
+//! CUBIN is tied to one architecture, so the architecture is part of every compile and every
+//! cache key. On a 9.0 device attnforge targets `sm_90a`, not `sm_90`, so that Hopper-only
+//! instructions (wgmma, TMA) are available; `sm_90a` CUBIN runs on 9.0 devices only.
+
+use std::fmt;
+
+use super::error::JitError;
+
+/// A compilation target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    /// Ampere data-centre (A100): compute capability 8.0.
+    Sm80,
+    /// Ampere consumer (RTX 30xx, A40): 8.6.
+    Sm86,
+    /// Ada (RTX 40xx, L4, L40): 8.9.
+    Sm89,
+    /// Hopper (H100, H200) with the architecture-specific features: 9.0.
+    Sm90a,
+}
+
+impl Arch {
+    /// Every supported target, oldest first.
+    pub const ALL: [Arch; 4] = [Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90a];
+
+    /// The `sm_XX` name NVRTC's `--gpu-architecture` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm86 => "sm_86",
+            Arch::Sm89 => "sm_89",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The compute capability `(major, minor)` this target runs on.
+    pub fn compute_capability(self) -> (u32, u32) {
+        match self {
+            Arch::Sm80 => (8, 0),
+            Arch::Sm86 => (8, 6),
+            Arch::Sm89 => (8, 9),
+            Arch::Sm90a => (9, 0),
+        }
+    }
+
+    /// The target for a device of compute capability `major.minor` (9.0 maps to `sm_90a`).
+    pub fn from_compute_capability(major: u32, minor: u32) -> Result<Arch, JitError> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.compute_capability() == (major, minor))
+            .ok_or_else(|| JitError::UnsupportedArch {
+                value: format!("compute capability {major}.{minor}"),
+                supported: supported_list(),
+            })
+    }
+
+    /// Parses `sm_80`, `sm_86`, `sm_89`, `sm_90a` (also `sm_90`, read as `sm_90a`, and the
+    /// spellings `80`, `8.0`).
+    pub fn parse(s: &str) -> Result<Arch, JitError> {
+        let t = s.trim().to_ascii_lowercase();
+        let digits = t.strip_prefix("sm_").unwrap_or(&t).replace('.', "");
+        let arch = match digits.as_str() {
+            "80" => Some(Arch::Sm80),
+            "86" => Some(Arch::Sm86),
+            "89" => Some(Arch::Sm89),
+            "90" | "90a" => Some(Arch::Sm90a),
+            _ => None,
+        };
+        arch.ok_or_else(|| JitError::UnsupportedArch {
+            value: s.to_string(),
+            supported: supported_list(),
+        })
+    }
+
+    /// Parses a comma-separated list, e.g. `sm_90a,sm_80`; duplicates are dropped, order kept.
+    pub fn parse_list(s: &str) -> Result<Vec<Arch>, JitError> {
+        let mut out = Vec::new();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let a = Arch::parse(part)?;
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        if out.is_empty() {
+            return Err(JitError::UnsupportedArch {
+                value: s.to_string(),
+                supported: supported_list(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn supported_list() -> String {
+    Arch::ALL.map(Arch::name).join(", ")
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hopper_maps_to_sm_90a() {
+        assert_eq!(Arch::from_compute_capability(9, 0).unwrap(), Arch::Sm90a);
+        assert_eq!(Arch::from_compute_capability(8, 9).unwrap(), Arch::Sm89);
+        let e = Arch::from_compute_capability(7, 5).unwrap_err().to_string();
+        assert!(e.contains("7.5") && e.contains("sm_90a"), "{e}");
+    }
+
+    #[test]
+    fn parse_round_trips_and_rejects() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::parse(a.name()).unwrap(), a);
+        }
+        assert_eq!(Arch::parse("sm_90").unwrap(), Arch::Sm90a);
+        assert_eq!(
+            Arch::parse_list("sm_90a, sm_80,sm_90a").unwrap(),
+            vec![Arch::Sm90a, Arch::Sm80]
+        );
+        assert!(Arch::parse("sm_75").is_err());
+        assert!(Arch::parse_list(",").is_err());
+    }
+}

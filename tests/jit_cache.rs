@@ -1,0 +1,256 @@
+//! The disk cache through `Jit`: miss then hit, corrupt and truncated entries rebuilt, two
+//! processes compiling one kernel at once, many threads at once, and when the cache is bypassed.
+
+mod jit_support;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use attnforge::jit::batch::{compile_all, BatchJob, Progress};
+use attnforge::jit::cache::Lookup;
+use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, KernelSource};
+use jit_support::{jit, ADD_KERNEL, SPILL_KERNEL};
+
+/// Set in the child processes of [`two_processes_compile_the_same_kernel`]: their cache dir.
+const CHILD_CACHE_ENV: &str = "ATTNFORGE_TEST_CHILD_CACHE";
+/// Printed by a child before its cache status.
+const STATUS_PREFIX: &str = "CHILD STATUS: ";
+
+fn add() -> KernelSource<'static> {
+    KernelSource {
+        name: "add f32",
+        entry: "add",
+        source: ADD_KERNEL,
+        snippets: &[],
+    }
+}
+
+fn heavy() -> KernelSource<'static> {
+    KernelSource {
+        name: "heavy",
+        entry: "heavy",
+        source: SPILL_KERNEL,
+        snippets: &[],
+    }
+}
+
+fn entry_file(jit: &Jit, src: &KernelSource<'_>, opts: &CompileOptions) -> std::path::PathBuf {
+    let key = jit.key(src, opts);
+    jit.cache().unwrap().entry_path(src.name, &key)
+}
+
+#[test]
+fn miss_then_hit_returns_the_same_kernel() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let opts = CompileOptions::new(Arch::Sm80);
+    let first = jit.compile(&add(), &opts).unwrap();
+    assert_eq!(first.cache, CacheStatus::Compiled);
+    let path = first.path.clone().unwrap();
+    assert!(
+        path.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("add_f32-"),
+        "{path:?}"
+    );
+    let second = jit.compile(&add(), &opts).unwrap();
+    assert_eq!(second.cache, CacheStatus::Hit);
+    assert_eq!(second.kernel.cubin, first.kernel.cubin);
+    assert_eq!(second.kernel.report, first.kernel.report);
+    assert_eq!(
+        second.kernel.compile_time.as_micros(),
+        first.kernel.compile_time.as_micros()
+    );
+    eprintln!(
+        "cold compile {:?}, cache load {:?} ({} byte CUBIN)",
+        first.elapsed,
+        second.elapsed,
+        second.kernel.cubin.len()
+    );
+    // Another architecture is another entry.
+    let other = jit
+        .compile(&add(), &CompileOptions::new(Arch::Sm90a))
+        .unwrap();
+    assert_eq!(other.cache, CacheStatus::Compiled);
+    assert_ne!(other.path, first.path);
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), 2);
+}
+
+#[test]
+fn corrupt_and_truncated_entries_are_rebuilt() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let opts = CompileOptions::new(Arch::Sm86);
+    let good = jit.compile(&add(), &opts).unwrap();
+    let path = good.path.clone().unwrap();
+    let bytes = fs::read(&path).unwrap();
+    let mut flipped = bytes.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0xff;
+    for (what, damaged) in [
+        ("truncated", bytes[..bytes.len() / 3].to_vec()),
+        ("flipped", flipped),
+    ] {
+        fs::write(&path, damaged).unwrap();
+        let out = jit.compile(&add(), &opts).unwrap();
+        assert!(
+            matches!(out.cache, CacheStatus::Rebuilt { .. }),
+            "{what}: {:?}",
+            out.cache
+        );
+        assert_eq!(out.kernel.cubin, good.kernel.cubin, "{what}");
+        assert_eq!(
+            jit.compile(&add(), &opts).unwrap().cache,
+            CacheStatus::Hit,
+            "{what}"
+        );
+    }
+}
+
+/// Not a test on its own: the child process of [`two_processes_compile_the_same_kernel`].
+#[test]
+#[ignore = "helper process spawned by two_processes_compile_the_same_kernel"]
+fn child_compiles_into_shared_cache() {
+    let dir = std::env::var(CHILD_CACHE_ENV).expect("run only by the parent test");
+    let jit = jit(Some(Path::new(&dir))).expect("NVRTC");
+    let out = jit
+        .compile(&heavy(), &CompileOptions::new(Arch::Sm90a))
+        .unwrap();
+    println!("{STATUS_PREFIX}{:?}", out.cache);
+}
+
+#[test]
+fn two_processes_compile_the_same_kernel() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let spawn = || {
+        Command::new(&exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "child_compiles_into_shared_cache",
+                "--nocapture",
+            ])
+            .env(CHILD_CACHE_ENV, t.path())
+            .output()
+            .unwrap()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(spawn);
+        let b = s.spawn(spawn);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let mut statuses = Vec::new();
+    for out in [&a, &b] {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(STATUS_PREFIX))
+            .unwrap_or_else(|| panic!("no status line in:\n{stdout}"));
+        statuses.push(status.to_string());
+    }
+    statuses.sort();
+    // The build lock lets exactly one process compile; the other waits and loads its entry.
+    assert_eq!(statuses, ["Compiled", "Hit"]);
+    let opts = CompileOptions::new(Arch::Sm90a);
+    let key = jit.key(&heavy(), &opts);
+    assert!(matches!(
+        jit.cache().unwrap().load("heavy", &key),
+        Lookup::Hit(_)
+    ));
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), 1);
+    let leftovers: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn many_threads_one_kernel_compile_once_and_keep_order() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let job = |arch| BatchJob {
+        name: "add".into(),
+        entry: "add".into(),
+        source: ADD_KERNEL.into(),
+        snippets: vec![],
+        options: CompileOptions::new(arch),
+    };
+    let jobs: Vec<BatchJob> = [Arch::Sm80, Arch::Sm80, Arch::Sm89, Arch::Sm80, Arch::Sm89]
+        .into_iter()
+        .map(job)
+        .collect();
+    let results = compile_all(&jit, &jobs, 4, &Progress::Silent).unwrap();
+    let mut compiled = 0;
+    for (r, j) in results.iter().zip(&jobs) {
+        let out = r.as_ref().unwrap();
+        assert_eq!(out.kernel.arch, j.options.arch);
+        compiled += usize::from(out.cache == CacheStatus::Compiled);
+    }
+    assert_eq!(compiled, 2, "one compile per distinct (source, arch)");
+    assert!(compile_all(&jit, &jobs, 0, &Progress::Silent).is_err());
+}
+
+#[test]
+fn include_dirs_bypass_and_no_cache_disables() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit_cached) = jit(Some(t.path())) else {
+        return;
+    };
+    let mut opts = CompileOptions::new(Arch::Sm80);
+    opts.include_dirs.push(t.path().to_path_buf());
+    let out = jit_cached.compile(&add(), &opts).unwrap();
+    assert!(
+        matches!(out.cache, CacheStatus::Bypassed { .. }),
+        "{:?}",
+        out.cache
+    );
+    assert!(!entry_file(&jit_cached, &add(), &opts).exists());
+    let Some(jit_plain) = jit(None) else { return };
+    let out = jit_plain
+        .compile(&add(), &CompileOptions::new(Arch::Sm80))
+        .unwrap();
+    assert_eq!(out.cache, CacheStatus::Disabled);
+}
+
+#[test]
+fn warm_load_timing_is_reported() {
+    // A measurement, not a timed assertion: docs/jit.md records the figures.
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let opts = CompileOptions::new(Arch::Sm90a);
+    let cold = jit.compile(&heavy(), &opts).unwrap();
+    const LOADS: u32 = 20;
+    let start = Instant::now();
+    for _ in 0..LOADS {
+        assert!(jit.compile(&heavy(), &opts).unwrap().cache.is_hit());
+    }
+    eprintln!(
+        "heavy sm_90a: cold {:?}; warm load {:?} per kernel ({} byte CUBIN)",
+        cold.elapsed,
+        start.elapsed() / LOADS,
+        cold.kernel.cubin.len()
+    );
+}
