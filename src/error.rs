@@ -1,5 +1,7 @@
 //! The crate-level error: one variant per layer, each carrying that layer's own error type.
 
+use crate::cuda::CudaError;
+use crate::jit::JitError;
 use crate::problem::InvalidProblem;
 
 /// Any error attnforge returns.
@@ -8,6 +10,12 @@ pub enum Error {
     /// The problem or its buffers were rejected before any work.
     #[error(transparent)]
     InvalidProblem(#[from] InvalidProblem),
+    /// Compiling a kernel failed, or NVRTC could not be found.
+    #[error(transparent)]
+    Jit(#[from] JitError),
+    /// A CUDA driver call, a launch or a buffer failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
     /// The combination is valid in the model but this backend does not run it.
     #[error("{backend} does not support {what}; supported: {supported}")]
     Unsupported {

@@ -16,14 +16,15 @@
 
 pub mod codegen;
 pub mod compare;
+pub mod cuda;
 pub mod dtype;
 pub mod error;
-pub mod merge;
 pub mod jit;
+pub mod merge;
 pub mod output;
 pub mod problem;
-pub mod shapes;
 pub mod reference;
+pub mod shapes;
 pub mod tensor;
 pub mod testing;
 

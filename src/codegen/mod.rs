@@ -15,7 +15,7 @@ pub use params::{ParamBlockLayout, PrefillParams, VariantLayout};
 pub use render::{render, RenderedKernel};
 pub use spec::{heavy, KernelSpec, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
-pub use variant::{param_values, SnippetSpan, VariantCode};
+pub use variant::{param_values, VariantCode};
 
 use crate::dtype::DType;
 use crate::problem::{CudaVariantSource, HeadDims, MaskKind, ParamType, QkAccum};

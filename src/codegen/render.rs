@@ -7,8 +7,9 @@
 use super::params::{ParamBlockLayout, VariantLayout};
 use super::spec::KernelSpec;
 use super::tile::TileConfig;
-use super::variant::{self, SnippetSpan, VariantCode};
+use super::variant::{self, VariantCode};
 use crate::dtype::DType;
+use crate::jit::SnippetSpan;
 use crate::problem::{MaskKind, QkAccum};
 use std::fmt::Write;
 

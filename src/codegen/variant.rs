@@ -7,6 +7,7 @@
 //! so NVRTC reports errors in it by the snippet's own line numbers.
 
 use super::spec::VariantSpec;
+use crate::jit::SnippetSpan;
 use crate::problem::{CudaVariantSource, ParamType, ParamValue, Variant};
 use std::fmt::Write;
 
@@ -85,17 +86,6 @@ pub fn param_values(variant: &Variant) -> Vec<ParamValue> {
         Variant::Sinks { sinks } => vec![ParamValue::F32Array(sinks.clone())],
         Variant::Custom(c) => c.param_values.clone(),
     }
-}
-
-/// A snippet's place in the rendered source: its label and 1-based first line there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SnippetSpan {
-    /// E.g. `custom logits_transform`.
-    pub label: String,
-    /// 1-based line of the snippet's first line in the rendered source.
-    pub first_line: usize,
-    /// Number of lines of the snippet.
-    pub line_count: usize,
 }
 
 /// Appends one hook: signature, `#line` so errors name the snippet, body, closing brace, and a

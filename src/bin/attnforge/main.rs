@@ -2,6 +2,8 @@
 //!
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod bench;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -20,6 +22,8 @@ struct Cli {
 enum Command {
     /// Print the version and the backends found.
     Info,
+    /// Time the GPU prefill kernel on the shared shape list (after checking it).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +33,6 @@ fn main() -> ExitCode {
             println!("attnforge {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Command::Bench(args) => bench::run(args),
     }
 }

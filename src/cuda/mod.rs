@@ -1,0 +1,20 @@
+//! The CUDA runtime layer: devices, buffers, loading generated kernels, planning and launching.
+//!
+//! Built on `cudarc`'s driver API, loaded at run time: `cargo build` needs no CUDA toolkit, and
+//! on a machine without a GPU [`Engine::new`] returns an error ([`CudaError::NoDriver`]) instead
+//! of panicking. Kernels come from `codegen` through `jit`; this layer owns what happens on the
+//! device.
+
+mod buffers;
+mod device;
+mod engine;
+mod error;
+mod prefill;
+mod schedule;
+
+pub use buffers::DeviceTensor;
+pub use device::{driver_present, DeviceInfo};
+pub use engine::{Engine, LoadedKernel};
+pub use error::CudaError;
+pub use prefill::PrefillPlan;
+pub use schedule::{prefill_work, WorkItem};
