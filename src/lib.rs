@@ -27,6 +27,7 @@ pub mod reference;
 pub mod shapes;
 pub mod tensor;
 pub mod testing;
+pub mod verify;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

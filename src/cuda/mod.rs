@@ -5,6 +5,7 @@
 //! of panicking. Kernels come from `codegen` through `jit`; this layer owns what happens on the
 //! device.
 
+mod backend;
 mod buffers;
 mod device;
 mod engine;
@@ -12,6 +13,7 @@ mod error;
 mod prefill;
 mod schedule;
 
+pub use backend::CudaBackend;
 pub use buffers::DeviceTensor;
 pub use device::{driver_present, DeviceInfo};
 pub use engine::{Engine, LoadedKernel};

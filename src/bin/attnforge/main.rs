@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod bench;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Print the version and the backends found.
     Info,
+    /// Run the randomized correctness suite against the exact reference.
+    Verify(verify::VerifyArgs),
     /// Time the GPU prefill kernel on the shared shape list (after checking it).
     Bench(bench::BenchArgs),
 }
@@ -34,5 +37,6 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Bench(args) => bench::run(args),
+        Command::Verify(args) => verify::run(args),
     }
 }

@@ -1,0 +1,42 @@
+//! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite.
+
+use super::engine::Engine;
+use crate::problem::AttentionProblem;
+use crate::tensor::HostTensor;
+use crate::verify::Backend;
+use crate::{AttentionOutput, Error};
+
+/// Runs each problem through [`Engine::prefill_host`] (outputs poisoned with NaN first).
+pub struct CudaBackend {
+    engine: Engine,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`.
+    pub fn new(ordinal: usize) -> Result<CudaBackend, Error> {
+        Ok(CudaBackend {
+            engine: Engine::new(ordinal)?,
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn run(
+        &self,
+        problem: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Result<AttentionOutput, Error> {
+        self.engine.prefill_host(problem, q, k, v)
+    }
+}

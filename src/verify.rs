@@ -1,0 +1,135 @@
+//! Running the shared case list through a backend and judging it against the exact reference.
+//!
+//! `attnforge verify` for every backend goes through [`run_cases`]: for each
+//! [`Case`](crate::testing::Case), the backend computes the output (the GPU backend poisons its
+//! output buffers with NaN first), the reference computes the exact rows (all rows of small
+//! problems, a spread sample of large ones), and [`crate::compare`] decides with the case's
+//! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
+
+use crate::compare::{compare, compare_rows, Comparison};
+use crate::problem::AttentionProblem;
+use crate::reference;
+use crate::tensor::HostTensor;
+use crate::testing::Case;
+use crate::{AttentionOutput, Error};
+use std::time::{Duration, Instant};
+
+/// Reference multiply-adds above which only sampled rows are checked (the f64 reference of a
+/// larger case would take longer than the whole suite should).
+const FULL_REFERENCE_LIMIT: usize = 1 << 30;
+/// Rows checked in a sampled comparison.
+const SAMPLED_ROWS: usize = 256;
+
+/// Something that computes attention on host tensors.
+pub trait Backend {
+    /// Name for reports (`cpu`, `cuda`).
+    fn name(&self) -> &str;
+    /// Computes `problem` on the host tensors.
+    fn run(
+        &self,
+        problem: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Result<AttentionOutput, Error>;
+}
+
+/// The verdict on one case.
+#[derive(Debug)]
+pub struct CaseResult {
+    /// The case's name.
+    pub name: String,
+    /// The comparison, or the error the backend or reference returned.
+    pub outcome: Result<Comparison, String>,
+    /// Whether it passed.
+    pub passed: bool,
+    /// Whether only sampled rows were compared.
+    pub sampled: bool,
+    /// Time of the backend's run.
+    pub backend_time: Duration,
+}
+
+/// Totals of a run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Cases that passed.
+    pub passed: usize,
+    /// Cases that failed.
+    pub failed: usize,
+}
+
+fn sample_rows(p: &AttentionProblem) -> Vec<(usize, usize)> {
+    let total = p.batch.total_qo();
+    if total == 0 {
+        return Vec::new();
+    }
+    (0..SAMPLED_ROWS)
+        .map(|i| {
+            let token = if i + 1 == SAMPLED_ROWS {
+                total - 1
+            } else {
+                i * total / SAMPLED_ROWS
+            };
+            (token, (i * 7 + i / 3) % p.num_qo_heads)
+        })
+        .collect()
+}
+
+fn reference_work(p: &AttentionProblem) -> usize {
+    p.batch.lens().iter().map(|&(q, k)| q * k).sum::<usize>()
+        * p.num_qo_heads
+        * (p.head_dims.qk() + p.head_dims.vo())
+}
+
+/// Runs one case.
+pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
+    let (q, k, v) = case.inputs();
+    let start = Instant::now();
+    let out = backend.run(&case.problem, &q, &k, &v);
+    let backend_time = start.elapsed();
+    let sampled = reference_work(&case.problem) > FULL_REFERENCE_LIMIT;
+    let outcome = out.map_err(|e| e.to_string()).and_then(|out| {
+        if sampled {
+            let rows = sample_rows(&case.problem);
+            let expected = reference::attention_rows(&case.problem, &q, &k, &v, &rows)
+                .map_err(|e| e.to_string())?;
+            Ok(compare_rows(
+                &out,
+                case.problem.num_qo_heads,
+                &rows,
+                &expected,
+            ))
+        } else {
+            let expected =
+                reference::attention(&case.problem, &q, &k, &v).map_err(|e| e.to_string())?;
+            Ok(compare(&out, &expected))
+        }
+    });
+    let passed = outcome.as_ref().is_ok_and(|c| c.passes(&case.tolerance()));
+    CaseResult {
+        name: case.name.clone(),
+        outcome,
+        passed,
+        sampled,
+        backend_time,
+    }
+}
+
+/// Runs every case, reporting each result to `report` as it comes.
+pub fn run_cases(
+    backend: &dyn Backend,
+    cases: &[Case],
+    mut report: impl FnMut(&CaseResult),
+) -> Summary {
+    let mut summary = Summary::default();
+    for case in cases {
+        let result = run_case(backend, case);
+        if result.passed {
+            summary.passed += 1;
+        } else {
+            summary.failed += 1;
+        }
+        report(&result);
+    }
+    summary
+}
