@@ -53,7 +53,7 @@ fn brute_force(
                         kv_len,
                     };
                     let variant_visible = match &p.variant {
-                        Variant::Custom(c) => c.cpu_mask.as_ref().map_or(true, |m| m(&site)),
+                        Variant::Custom(c) => c.cpu_mask.as_ref().is_none_or(|m| m(&site)),
                         _ => true,
                     };
                     if !visible || !variant_visible {
