@@ -392,11 +392,9 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
 
     // Fused QKV: every token row holds hq + 2 hkv heads of 128.
     let (hq, hkv, d) = (8usize, 2usize, 128usize);
-    let fused_dtype = if caps.dtypes.contains(&DType::F16) {
-        caps.dtypes.first().map(|_| DType::F16)
-    } else {
-        caps.dtypes.first().copied()
-    };
+    let fused_dtype = [DType::F16, DType::Bf16, DType::F32]
+        .into_iter()
+        .find(|d| caps.dtypes.contains(d));
     if let (Some(dt), Some(hd)) = (fused_dtype, dims(d, d)) {
         let row = (hq + 2 * hkv) * d;
         let mut p = AttentionProblem::new(RaggedBatch::from_lens(&lens), hq, hkv, hd, dt)
