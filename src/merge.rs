@@ -5,8 +5,9 @@
 //! into the result over `A ∪ B`:
 //!
 //! ```text
-//! lse = ln(exp(lse_A) + exp(lse_B))            (computed as m + ln(exp(lse_A - m) + exp(lse_B - m)), m = max)
-//! o   = exp(lse_A - lse) * o_A + exp(lse_B - lse) * o_B
+//! m   = max(lse_A, lse_B),  w_A = exp(lse_A - m),  w_B = exp(lse_B - m)
+//! lse = m + ln(w_A + w_B)                       (= ln(exp(lse_A) + exp(lse_B)))
+//! o   = (w_A * o_A + w_B * o_B) / (w_A + w_B)   (= exp(lse_A - lse) o_A + exp(lse_B - lse) o_B)
 //! ```
 //!
 //! An empty partial is `(0, -inf)`; merging two empty partials gives `(0, -inf)`, never NaN.
@@ -22,7 +23,7 @@
 
 use crate::problem::{InvalidProblem, Validation};
 use std::fmt::Display;
-use std::ops::{Add, Mul, Sub};
+use std::ops::{Add, Div, Mul, Sub};
 
 /// The float types `merge_state` works on (f32 and f64).
 pub trait MergeFloat:
@@ -32,6 +33,7 @@ pub trait MergeFloat:
     + Add<Output = Self>
     + Sub<Output = Self>
     + Mul<Output = Self>
+    + Div<Output = Self>
     + Send
     + Sync
 {
@@ -185,12 +187,14 @@ fn merge_row<T: MergeFloat>(o_a: &[T], lse_a: T, o_b: &[T], lse_b: T, o: &mut [T
         o.iter_mut().for_each(|x| *x = T::ZERO);
         return T::NEG_INFINITY;
     }
-    // One of the two weights is exactly 1, the other in [0, 1]: no overflow, no 0/0.
+    // One of the two weights is exactly 1, the other in [0, 1]: no overflow, no 0/0. The
+    // output weights are w / (w_a + w_b), equal to exp(lse_x - lse) but not computed from the
+    // rounded lse (for |lse| ~ 1e30 in f32, `lse - max` would lose the ln 2 entirely).
     let (w_a, w_b) = ((lse_a - max).exp(), (lse_b - max).exp());
-    let lse = max + (w_a + w_b).ln();
-    let (scale_a, scale_b) = ((lse_a - lse).exp(), (lse_b - lse).exp());
+    let total = w_a + w_b;
+    let lse = max + total.ln();
     for ((out, &a), &b) in o.iter_mut().zip(o_a).zip(o_b) {
-        *out = scale_a * a + scale_b * b;
+        *out = (w_a * a + w_b * b) / total;
     }
     lse
 }

@@ -31,14 +31,20 @@ const DOT_LANES: usize = 8;
 /// it (`q` and `k` have the same length, the head dim qk).
 ///
 /// With [`QkAccum::F16`] the inputs are taken as f16 values (f16 inputs widen exactly; any other
-/// value is first rounded to f16), and the result is the f32 value the tensor-core path produces,
+/// value is first rounded to f32, then to f16), and the result is the f32 value the tensor-core path produces,
 /// widened to f64; see the module doc.
 pub fn scaled_logit(accum: QkAccum, sm_scale: f32, q: &[f64], k: &[f64]) -> f64 {
     match accum {
         QkAccum::F32 => f64::from(sm_scale) * dot(q, k),
         QkAccum::F16 => f16_accumulated_logit(sm_scale, q, k).unwrap_or_else(|| {
-            let q_as_f16: Vec<f64> = q.iter().map(|&x| f16::from_f64(x).to_f64()).collect();
-            let k_as_f16: Vec<f64> = k.iter().map(|&x| f16::from_f64(x).to_f64()).collect();
+            let q_as_f16: Vec<f64> = q
+                .iter()
+                .map(|&x| f16::from_f32(x as f32).to_f64())
+                .collect();
+            let k_as_f16: Vec<f64> = k
+                .iter()
+                .map(|&x| f16::from_f32(x as f32).to_f64())
+                .collect();
             f64::from(sm_scale) * dot(&q_as_f16, &k_as_f16)
         }),
     }
@@ -55,8 +61,11 @@ pub fn f16_accumulated_logit(sm_scale: f32, q: &[f64], k: &[f64]) -> Option<f64>
             .iter()
             .zip(kc)
             .map(|(&qe, &ke)| {
-                let q_scaled = f16::from_f64(qe * prescale);
-                i128::from(f16_to_fixed(q_scaled)) * i128::from(f16_to_fixed(f16::from_f64(ke)))
+                // q * prescale is exact in f32 (an f16 times a power of two >= 2^-14), so this
+                // is a single rounding; `half`'s f64 -> f16 conversion rounds twice.
+                let q_scaled = f16::from_f32((qe * prescale) as f32);
+                i128::from(f16_to_fixed(q_scaled))
+                    * i128::from(f16_to_fixed(f16::from_f32(ke as f32)))
             })
             .sum();
         acc = round_fixed_to_f16(acc + chunk)?;
@@ -101,19 +110,17 @@ fn round_fixed_to_f16(n: i128) -> Option<i128> {
     Some(if n < 0 { -rounded } else { rounded })
 }
 
-/// Rounds an f64 to the nearest f16 exactly like the f16 accumulator does; `None` on overflow.
-/// Exposed for tests of the emulation against `half`'s conversion.
+/// Rounds an f64 to the nearest f16 (ties to even, one rounding) exactly like the f16
+/// accumulator does; `None` on overflow. Exact for multiples of 2^-48 (every accumulator value);
+/// other values are rounded through f32 first. Exposed for tests of the emulation.
 pub fn round_to_f16_checked(x: f64) -> Option<f64> {
     let n = x * 2f64.powi(PRODUCT_FIXED_BITS);
     if !n.is_finite() || n.abs() >= 2f64.powi(126) || n.fract() != 0.0 {
         // Only multiples of 2^-48 below 2^78 are meaningful accumulator values.
-        return f16_checked(f16::from_f64(x));
+        let rounded = f16::from_f32(x as f32);
+        return rounded.is_finite().then(|| rounded.to_f64());
     }
     round_fixed_to_f16(n as i128).map(fixed_to_f64)
-}
-
-fn f16_checked(x: f16) -> Option<f64> {
-    x.is_finite().then(|| x.to_f64())
 }
 
 /// The f64 dot product of two rows (over the shorter length).
@@ -168,9 +175,31 @@ pub fn variant_visible(variant: &Variant, site: &LogitSite) -> bool {
 mod tests {
     use super::*;
 
+    /// Correctly rounded f64 -> f16 (ties to even) by searching the neighbours of a first guess;
+    /// `half::f16::from_f64` is not usable as the oracle: on x86 with F16C it rounds through f32
+    /// (double rounding), and its software fallback truncates the low mantissa bits.
+    fn nearest_f16(x: f64) -> Option<f64> {
+        if x.abs() >= 65520.0 {
+            return None;
+        }
+        let guess = f16::from_f64(x).to_bits();
+        let candidates = [guess.wrapping_sub(1), guess, guess.wrapping_add(1)]
+            .map(f16::from_bits)
+            .into_iter()
+            .filter(|c| c.is_finite() && c.to_bits() & 0x7fff <= 0x7bff);
+        let best = candidates
+            .min_by(|a, b| {
+                let (da, db) = ((a.to_f64() - x).abs(), (b.to_f64() - x).abs());
+                da.total_cmp(&db)
+                    .then((a.to_bits() & 1).cmp(&(b.to_bits() & 1)))
+            })?
+            .to_f64();
+        Some(if best == 0.0 { 0.0 } else { best })
+    }
+
     #[test]
-    fn fixed_point_rounding_matches_half_on_representable_sums() {
-        // Multiples of 2^-48 across the whole f16 range, including subnormals and ties.
+    fn fixed_point_rounding_is_correct_rounding() {
+        // Multiples of 2^-48 across the whole f16 range, including subnormals, ties and overflow.
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..200_000 {
             state = state
@@ -179,23 +208,20 @@ mod tests {
             let mantissa = (state >> 11) as i64 % (1 << 40) - (1 << 39);
             let exponent = ((state >> 3) % 40) as i32 - PRODUCT_FIXED_BITS;
             let x = mantissa as f64 * 2f64.powi(exponent);
-            let expected = f16_checked(f16::from_f64(x));
-            assert_eq!(round_to_f16_checked(x), expected, "x = {x:e}");
+            let got = round_to_f16_checked(x).map(|v| if v == 0.0 { 0.0 } else { v });
+            assert_eq!(got, nearest_f16(x), "x = {x:e}");
         }
-        for x in [
-            65504.0,
-            65519.99,
-            65520.0,
-            -65520.0,
-            2049.0,
-            2051.0,
-            2f64.powi(-25),
+        for (x, expected) in [
+            (65504.0, Some(65504.0)),
+            (65519.99, Some(65504.0)),
+            (65520.0, None),
+            (-65520.0, None),
+            (2049.0, Some(2048.0)),
+            (2051.0, Some(2052.0)),
+            (2f64.powi(-25), Some(0.0)),
+            (3.0 * 2f64.powi(-25), Some(2f64.powi(-23))),
         ] {
-            assert_eq!(
-                round_to_f16_checked(x),
-                f16_checked(f16::from_f64(x)),
-                "x = {x}"
-            );
+            assert_eq!(round_to_f16_checked(x), expected, "x = {x}");
         }
     }
 }
