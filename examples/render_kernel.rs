@@ -1,15 +1,21 @@
-//! Prints the rendered CUDA source of one kernel of the compile matrix (by index or name filter).
-//! Usage: `cargo run --example render_kernel -- [FILTER]`
+//! Prints the rendered CUDA source of one kernel of the compile matrix, the first whose name
+//! contains FILTER, optionally with its tile replaced (for reading resource use while tuning).
+//! Usage: `cargo run --example render_kernel -- FILTER [TILE]`
 fn main() {
-    let filter = std::env::args().nth(1).unwrap_or_default();
+    let mut args = std::env::args().skip(1);
+    let filter = args.next().unwrap_or_default();
+    let tile = args.next().map(|t| attnforge::codegen::TileConfig::parse(&t).expect("a tile like w4q2kv64"));
     let matrix = attnforge::codegen::compile_matrix();
     match matrix.iter().find(|s| s.name().contains(&filter)) {
-        Some(spec) => print!("{}", attnforge::codegen::render(spec).source),
+        Some(spec) => {
+            let mut spec = spec.clone();
+            if let Some(t) = tile {
+                spec.tile = t;
+            }
+            print!("{}", attnforge::codegen::render(&spec).source)
+        }
         None => {
-            eprintln!(
-                "no kernel of the {} in the matrix matches {filter:?}",
-                matrix.len()
-            );
+            eprintln!("no kernel of the {} in the matrix matches {filter:?}", matrix.len());
             std::process::exit(1);
         }
     }

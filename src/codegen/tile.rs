@@ -44,6 +44,16 @@ impl TileConfig {
         format!("w{}q{}kv{}", self.num_warps, self.mma_q, self.kv_tile)
     }
 
+    /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`).
+    pub fn parse(s: &str) -> Option<TileConfig> {
+        let rest = s.strip_prefix('w')?;
+        let (w, rest) = rest.split_once('q')?;
+        let (q, kv) = rest.split_once("kv")?;
+        let t = TileConfig { num_warps: w.parse().ok()?, mma_q: q.parse().ok()?, kv_tile: kv.parse().ok()? };
+        let valid = (1..=8).contains(&t.num_warps) && (1..=4).contains(&t.mma_q) && t.kv_tile % 16 == 0 && t.kv_tile > 0;
+        valid.then_some(t)
+    }
+
     /// Every configuration the planner can pick for a kernel (the compile matrix covers them
     /// all), widest first. The choices keep kernels free of register spills (`attnforge compile`
     /// checks): `heavy` kernels (a custom mask or custom variant hooks) keep more values live per

@@ -11,7 +11,7 @@ use super::buffers::DeviceTensor;
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
 use super::schedule::prefill_work;
-use crate::codegen::{self, KernelSpec, ParamBlockLayout, PrefillParams};
+use crate::codegen::{self, KernelSpec, ParamBlockLayout, PrefillParams, TileConfig};
 use crate::dtype::DType;
 use crate::problem::{AttentionProblem, Mask, ParamValue};
 use crate::tensor::HostTensor;
@@ -38,6 +38,27 @@ pub struct PrefillPlan {
     variant_values: Vec<ParamValue>,
 }
 
+/// Elements of 16 bits per 16-byte copy: the kernels load and store whole rows in such copies.
+const ROW_ALIGNMENT: usize = 8;
+
+/// Rejects views whose rows are not 16-byte aligned (the kernels' copies would fault).
+fn check_alignment(p: &AttentionProblem) -> Result<(), Error> {
+    for (name, view) in [("q", &p.q_view), ("k", &p.k_view), ("v", &p.v_view)] {
+        for (what, value) in
+            [("offset", view.offset), ("token stride", view.token_stride), ("head stride", view.head_stride)]
+        {
+            if value % ROW_ALIGNMENT != 0 {
+                return Err(Error::Unsupported {
+                    backend: "cuda",
+                    what: format!("{name} view {what} {value}"),
+                    supported: format!("offsets and strides that are multiples of {ROW_ALIGNMENT} elements (16 bytes)"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Uploads `data`; an empty slice becomes one default element (the driver allocates nothing of
 /// size 0, and the kernel never reads it).
 fn upload<T: DeviceRepr + Default + Copy>(
@@ -56,8 +77,22 @@ fn upload<T: DeviceRepr + Default + Copy>(
 impl PrefillPlan {
     /// Plans `problem` on `engine`: validation, kernel choice, compilation, uploads.
     pub fn new(engine: &Engine, problem: &AttentionProblem) -> Result<PrefillPlan, Error> {
+        PrefillPlan::with_tile(engine, problem, None)
+    }
+
+    /// [`new`](Self::new) with the planner's tile replaced by `tile` (for tuning: the compile
+    /// matrix covers only the planner's choices).
+    pub fn with_tile(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        tile: Option<TileConfig>,
+    ) -> Result<PrefillPlan, Error> {
         problem.validate()?;
-        let spec = KernelSpec::for_problem(problem)?;
+        check_alignment(problem)?;
+        let mut spec = KernelSpec::for_problem(problem)?;
+        if let Some(t) = tile {
+            spec.tile = t;
+        }
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
 

@@ -79,6 +79,9 @@ pub struct BackendCaps {
     /// Whether a custom variant needs a CUDA side (GPU backends); if so, CPU-only custom
     /// variants are left out.
     pub custom_needs_cuda: bool,
+    /// Alignment, in elements, that view offsets and strides must have (the GPU kernels load
+    /// rows with 16-byte copies); the padded-view case pads to a multiple of it.
+    pub view_alignment: usize,
     /// Largest problem, in reference multiply-adds (`sum qo * kv * hq * (dqk + dvo)`); bigger
     /// cases get the largest batch of the list that fits.
     pub max_work: usize,
@@ -91,6 +94,7 @@ impl BackendCaps {
             dtypes: vec![DType::F16, DType::Bf16, DType::F32],
             f16_qk_accum: true,
             custom_needs_cuda: false,
+            view_alignment: 1,
             max_work: usize::MAX,
         }
     }
@@ -101,6 +105,7 @@ impl BackendCaps {
             dtypes: vec![DType::F16, DType::Bf16],
             f16_qk_accum: true,
             custom_needs_cuda: true,
+            view_alignment: CUDA_VIEW_ALIGNMENT,
             max_work: usize::MAX,
         }
     }
@@ -120,6 +125,8 @@ const FAR_ABOVE_CAP_QK_SCALE: f64 = 71.0;
 /// A small cap and the Q/K scale that makes logits about 36, over 100x the cap.
 const SMALL_CAP: f32 = 0.3;
 const FAR_ABOVE_SMALL_CAP_QK_SCALE: f64 = 6.0;
+/// Elements of 16 bits in the 16 bytes the GPU kernels copy at once.
+const CUDA_VIEW_ALIGNMENT: usize = 8;
 /// Padding (in elements) of the padded-view case.
 const VIEW_PAD: usize = 8;
 
@@ -437,9 +444,11 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
         };
         let mut p = AttentionProblem::new(RaggedBatch::from_lens(&lens), hq, hkv, hd, DType::Bf16)
             .with_mask(MaskSpec::Window(5).build(&lens, &mut rng));
-        p.q_view = padded(hq, hd.qk(), 3);
-        p.k_view = padded(hkv, hd.qk(), 5);
-        p.v_view = padded(hkv, hd.vo(), 7);
+        // Odd offsets where the backend allows them, the smallest aligned ones otherwise.
+        let align = caps.view_alignment;
+        p.q_view = padded(hq, hd.qk(), 3 * align);
+        p.k_view = padded(hkv, hd.qk(), 5 * align);
+        p.v_view = padded(hkv, hd.vo(), 7 * align);
         out.push(Case {
             name: format!(
                 "bf16/qk32/d192v128/window5/none/g7kv1/{}/padded-views",

@@ -5,6 +5,7 @@
 //! becomes a result. Then CUDA events time `--runs` launches after `--warmup` launches, rotating
 //! among input copies when one set would sit in L2, and the median is reported.
 
+use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
 use attnforge::cuda::{DeviceTensor, Engine, PrefillPlan};
 use attnforge::shapes::{self, ResolvedShape};
@@ -45,6 +46,9 @@ pub struct BenchArgs {
     /// Untimed launches first.
     #[arg(long, default_value_t = 10)]
     warmup: usize,
+    /// Replace the planner's tile (e.g. `w4q2kv64`): for tuning.
+    #[arg(long, value_parser = parse_tile)]
+    tile: Option<TileConfig>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -185,7 +189,7 @@ fn measure(
     line: &mut ResultLine,
 ) -> Result<String, Error> {
     let problem: AttentionProblem = shape.shape.problem()?;
-    let plan = PrefillPlan::new(engine, &problem)?;
+    let plan = PrefillPlan::with_tile(engine, &problem, args.tile)?;
     line.kernel = Some(plan.spec().name());
     let copies = ((2.0 * L2_BYTES / shape.bytes).ceil() as usize).clamp(1, 16);
     let stream = engine.stream();
@@ -247,6 +251,10 @@ fn measure(
     line.tbps = Some(shape.bytes / (median * 1e-3) / 1e12);
     line.runs = times.len();
     Ok("ok".into())
+}
+
+fn parse_tile(s: &str) -> Result<TileConfig, String> {
+    TileConfig::parse(s).ok_or_else(|| format!("{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys)"))
 }
 
 fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
