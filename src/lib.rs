@@ -14,6 +14,7 @@
 //! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
 //! of every test.
 
+pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod output;
