@@ -14,12 +14,16 @@
 //! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
 //! of every test.
 
+pub mod compare;
 pub mod cpu;
 pub mod dtype;
 pub mod error;
+pub mod merge;
 pub mod output;
 pub mod problem;
+pub mod reference;
 pub mod tensor;
+pub mod testing;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
