@@ -2,6 +2,10 @@
 //!
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod backend;
+mod demo;
+mod verify;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -20,6 +24,10 @@ struct Cli {
 enum Command {
     /// Print the version and the backends found.
     Info,
+    /// Run a Llama-3-8B-shaped and a Gemma-2-shaped prefill, timed and checked.
+    Demo(demo::DemoArgs),
+    /// Run the randomized correctness suite against the exact reference.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +37,7 @@ fn main() -> ExitCode {
             println!("attnforge {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Command::Demo(args) => demo::run(args),
+        Command::Verify(args) => verify::run(args),
     }
 }
