@@ -5,8 +5,9 @@
 //! into the result over `A ∪ B`:
 //!
 //! ```text
-//! lse = ln(exp(lse_A) + exp(lse_B))            (computed as m + ln(exp(lse_A - m) + exp(lse_B - m)), m = max)
-//! o   = exp(lse_A - lse) * o_A + exp(lse_B - lse) * o_B
+//! m   = max(lse_A, lse_B),  w_A = exp(lse_A - m),  w_B = exp(lse_B - m)
+//! lse = m + ln(w_A + w_B)                       (= ln(exp(lse_A) + exp(lse_B)))
+//! o   = (w_A * o_A + w_B * o_B) / (w_A + w_B)   (= exp(lse_A - lse) o_A + exp(lse_B - lse) o_B)
 //! ```
 //!
 //! An empty partial is `(0, -inf)`; merging two empty partials gives `(0, -inf)`, never NaN.

@@ -106,3 +106,86 @@ fn reference_runs_every_quick_case() {
     }
     eprintln!("reference over the quick suite: {:?}", start.elapsed());
 }
+
+/// Raw scaled logits of the first request of a case (all query heads), under its accumulation.
+fn raw_logits(case: &attnforge::testing::Case) -> Vec<(f64, Option<f64>)> {
+    use attnforge::reference::logits;
+    let p = &case.problem;
+    let (q, k, _) = case.inputs();
+    let (_, qo_len, _, kv_len) = p.batch.request(0);
+    let d = p.head_dims.qk();
+    let row = |t: &attnforge::HostTensor, view: &attnforge::problem::TensorView, tok, h| {
+        (0..d)
+            .map(|e| f64::from(t.get_f32(view.index(tok, h, e))))
+            .collect::<Vec<_>>()
+    };
+    let mut out = Vec::new();
+    for i in 0..qo_len {
+        for h in 0..p.num_qo_heads {
+            let qr = row(&q, &p.q_view, i, h);
+            for j in 0..kv_len {
+                let kr = row(&k, &p.k_view, j, p.kv_head_of(h));
+                out.push((
+                    logits::scaled_logit(QkAccum::F32, p.sm_scale, &qr, &kr),
+                    logits::f16_accumulated_logit(p.sm_scale, &qr, &kr),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn targeted_cases_reach_their_regimes() {
+    let list = cases(Suite::Quick, 5, &BackendCaps::cpu());
+    let near_max: Vec<_> = list
+        .iter()
+        .filter(|c| c.name.ends_with("logits-near-f16-max"))
+        .collect();
+    assert_eq!(near_max.len(), 2);
+    for case in near_max {
+        let l = raw_logits(case);
+        let overflowed = l.iter().filter(|(_, f16)| f16.is_none()).count();
+        let big = l
+            .iter()
+            .filter(|(_, f16)| f16.is_some_and(|s| s.abs() > 20_000.0))
+            .count();
+        assert!(
+            overflowed > 0 && big > 0,
+            "{}: {overflowed} overflowed, {big} big",
+            case.name
+        );
+        assert!(
+            overflowed < l.len() / 2,
+            "{}: {overflowed} of {}",
+            case.name,
+            l.len()
+        );
+    }
+    let capped: Vec<_> = list
+        .iter()
+        .filter(|c| c.name.ends_with("logits-100x-cap"))
+        .collect();
+    assert_eq!(capped.len(), 2);
+    for case in capped {
+        let attnforge::Variant::SoftCap { cap } = case.problem.variant else {
+            panic!("{} is not soft-capped", case.name);
+        };
+        let max = raw_logits(case)
+            .iter()
+            .map(|(s, _)| s.abs())
+            .fold(0.0, f64::max);
+        assert!(
+            max >= 100.0 * f64::from(cap),
+            "{}: max |s| {max}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn full_case_names_are_unique() {
+    let list = cases(Suite::Full, 9, &BackendCaps::cpu());
+    let names: HashSet<&str> = list.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names.len(), list.len());
+}

@@ -178,20 +178,24 @@ impl<'a> Context<'a> {
                 lse: f64::NEG_INFINITY,
             });
         }
-        let denominator: f64 = logits
-            .iter()
-            .map(|&(_, t)| (t - max).exp())
-            .chain(sink.map(|s| (s - max).exp()))
-            .sum();
-        let lse = max + denominator.ln();
-        for &(kv_idx, t) in &logits {
-            let weight = (t - lse).exp();
+        // exp(t_j - max) for every key, then o = sum_j exp(t_j - max) v_j / denominator, which is
+        // sum_j exp(t_j - lse) v_j with one exponential per key.
+        let mut denominator = sink.map_or(0.0, |s| (s - max).exp());
+        for (_, t) in logits.iter_mut() {
+            *t = (*t - max).exp();
+            denominator += *t;
+        }
+        for &(kv_idx, unnormalised) in &logits {
             let v_at = p.v_view.index(kv_start + kv_idx, kv_head, 0);
             for (oe, ve) in o.iter_mut().zip(&self.v[v_at..v_at + dvo]) {
-                *oe += weight * ve;
+                *oe += unnormalised * ve;
             }
         }
-        Ok(RowOutput { o, lse })
+        o.iter_mut().for_each(|x| *x /= denominator);
+        Ok(RowOutput {
+            o,
+            lse: max + denominator.ln(),
+        })
     }
 }
 

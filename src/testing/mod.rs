@@ -142,17 +142,22 @@ pub fn cases(suite: Suite, base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
     let mut cases: Vec<Case> = points
         .into_iter()
         .filter_map(|p| fit(p, &batches, caps))
-        .map(|p| (p, 1.0))
+        .map(|p| (p, 1.0, None))
         .chain(
             targeted(caps)
                 .into_iter()
-                .filter(|(p, _)| work(&p.lens, p.heads.0, p.head_dims) <= caps.max_work),
+                .filter(|(p, _, _)| work(&p.lens, p.heads.0, p.head_dims) <= caps.max_work)
+                .map(|(p, scale, tag)| (p, scale, Some(tag))),
         )
         .enumerate()
-        .map(|(i, (point, qk_scale))| {
+        .map(|(i, (point, qk_scale, tag))| {
             let seed = SplitMix64::with_salt(base_seed, i as u64).next_u64();
+            let name = match tag {
+                Some(tag) => format!("{}/{tag}", point.name()),
+                None => point.name(),
+            };
             Case {
-                name: point.name(),
+                name,
                 problem: point.problem(seed),
                 seed,
                 qk_scale,
@@ -226,8 +231,8 @@ fn dims(qk: usize, vo: usize) -> Option<HeadDims> {
     HeadDims::new(qk, vo).ok()
 }
 
-/// The targeted cases and their Q/K scales.
-fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
+/// The targeted cases, their Q/K scales and name tags.
+fn targeted(caps: &BackendCaps) -> Vec<(Point, f64, &'static str)> {
     let f16_qk16 = DtypeConfig {
         dtype: DType::F16,
         accum: QkAccum::F16,
@@ -267,6 +272,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(17, 129)],
             ),
             NEAR_F16_MAX_QK_SCALE,
+            "logits-near-f16-max",
         ),
         (
             point(
@@ -278,6 +284,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(1, 64), (9, 40)],
             ),
             NEAR_F16_MAX_QK_SCALE,
+            "logits-near-f16-max",
         ),
         // Soft-cap with raw logits about 100x the cap.
         (
@@ -290,6 +297,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(33, 65)],
             ),
             FAR_ABOVE_CAP_QK_SCALE,
+            "logits-100x-cap",
         ),
         (
             point(
@@ -301,6 +309,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(17, 129)],
             ),
             FAR_ABOVE_SMALL_CAP_QK_SCALE,
+            "logits-100x-cap",
         ),
         // Rows with no visible key (qo_len > kv_len under causal; kv_len = 0), with sinks.
         (
@@ -313,6 +322,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(5, 3), (4, 0)],
             ),
             1.0,
+            "empty-rows-with-sinks",
         ),
         (
             point(
@@ -324,6 +334,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(5, 3), (4, 0)],
             ),
             1.0,
+            "empty-rows-with-sinks",
         ),
         // Requests with no query and with no key.
         (
@@ -336,6 +347,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(0, 5), (3, 0), (2, 2), (1, 1)],
             ),
             1.0,
+            "empty-requests",
         ),
     ];
     if !caps.custom_needs_cuda {
@@ -349,6 +361,7 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(17, 17), (3, 9)],
             ),
             1.0,
+            "cpu-only-custom",
         ));
         list.push((
             point(
@@ -360,11 +373,12 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64)> {
                 &[(1, 33)],
             ),
             1.0,
+            "cpu-only-custom",
         ));
     }
     list.into_iter()
-        .filter_map(|(p, scale)| Some((p?, scale)))
-        .filter(|(p, _)| caps.supports(p.config))
+        .filter_map(|(p, scale, tag)| Some((p?, scale, tag)))
+        .filter(|(p, _, _)| caps.supports(p.config))
         .collect()
 }
 
@@ -378,11 +392,9 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
 
     // Fused QKV: every token row holds hq + 2 hkv heads of 128.
     let (hq, hkv, d) = (8usize, 2usize, 128usize);
-    let fused_dtype = if caps.dtypes.contains(&DType::F16) {
-        caps.dtypes.first().map(|_| DType::F16)
-    } else {
-        caps.dtypes.first().copied()
-    };
+    let fused_dtype = [DType::F16, DType::Bf16, DType::F32]
+        .into_iter()
+        .find(|d| caps.dtypes.contains(d));
     if let (Some(dt), Some(hd)) = (fused_dtype, dims(d, d)) {
         let row = (hq + 2 * hkv) * d;
         let mut p = AttentionProblem::new(RaggedBatch::from_lens(&lens), hq, hkv, hd, dt)
