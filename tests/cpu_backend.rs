@@ -9,13 +9,13 @@ use attnforge::problem::TensorView;
 use attnforge::reference;
 use attnforge::testing::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, DTYPE_CONFIGS};
 use attnforge::testing::rng::SplitMix64;
-use attnforge::testing::{cases, random_inputs, BackendCaps, Suite};
+use attnforge::testing::{cases, random_inputs, sample_custom_variant, BackendCaps, Suite};
 use attnforge::{AttentionProblem, DType, Error, HeadDims, HostTensor, Mask, RaggedBatch, Variant};
 use proptest::prelude::*;
 
 /// Proptest cases per property: enough to meet every axis value several times, small enough for
 /// a test run of well under a minute on two cores.
-const PROPTEST_CASES: u32 = 48;
+const PROPTEST_CASES: u32 = 128;
 /// Padding (elements) of the padded views.
 const PAD: usize = 3;
 
@@ -307,6 +307,18 @@ fn invalid_problems_are_errors_not_panics() {
         cpu::attention(&good, &wrong_dtype, &k, &v),
         Err(Error::InvalidProblem(_))
     ));
+}
+
+#[test]
+fn a_custom_transform_returning_nan_is_an_error() {
+    // The sample variant made for 2 heads returns NaN for heads 2 and 3.
+    let variant = Variant::Custom(sample_custom_variant(2, 5));
+    let p = single(6, 6, Mask::None, variant);
+    let (q, k, v) = random_inputs(&p, 2);
+    match cpu::attention(&p, &q, &k, &v) {
+        Err(Error::InvalidProblem(e)) => assert_eq!(e.field, "custom variant transform"),
+        other => panic!("expected an InvalidProblem error, got {other:?}"),
+    }
 }
 
 #[test]

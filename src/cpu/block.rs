@@ -57,6 +57,8 @@ pub(super) struct BlockOut {
     pub o: Vec<f32>,
     /// LSE per row.
     pub lse: Vec<f32>,
+    /// The first site where a custom transform returned NaN or +inf, if any.
+    pub bad_transform: Option<LogitSite>,
 }
 
 /// The keys and values of one (request, KV head), widened to f32 and laid out for the
@@ -193,6 +195,7 @@ pub(super) fn attend<T: Widen, const NR: usize, const FMA: bool>(
 
     // Keys any row of the block may see; rows are sorted, so the first row starts the range and
     // the last row ends it. Tiles are aligned to KEY_TILE, as in the packed K/V.
+    let mut bad_transform = None;
     let first = block.tok_start;
     let last = block.tok_start + block.tok_len - 1;
     let keys = visible_range(&p.mask, qo_len, kv_len, first).start
@@ -249,7 +252,9 @@ pub(super) fn attend<T: Widen, const NR: usize, const FMA: bool>(
                     qo_len,
                     kv_len,
                 };
-                ctx.rules.apply(x, visible, j0, site);
+                if let Some(bad) = ctx.rules.apply(x, visible, j0, site) {
+                    bad_transform = bad_transform.or(Some(bad));
+                }
                 let alpha = states[m].update(x);
                 if alpha != 1.0 {
                     for e in &mut o[m * dvo..(m + 1) * dvo] {
@@ -281,6 +286,7 @@ pub(super) fn attend<T: Widen, const NR: usize, const FMA: bool>(
     let mut out = BlockOut {
         o: vec![0.0; rows * dvo],
         lse: vec![0.0; rows],
+        bad_transform,
     };
     for m in 0..rows {
         let (inv, lse) = states[m].finish(p.variant.sink(head_of(m)));

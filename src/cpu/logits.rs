@@ -61,9 +61,16 @@ impl<'a> LogitRules<'a> {
     /// Turns one row of a tile (`x`, raw values) into base-2 logits in place. `visible` is the
     /// tile-local range the built-in mask leaves visible (already clipped to the tile's keys);
     /// `site` describes the row (its `kv_idx` is overwritten) and `j0` is the request-local index
-    /// of the tile's first key.
+    /// of the tile's first key. Returns the first site where a custom transform returned NaN or
+    /// +inf (which the caller reports as an error), if any.
     #[inline(always)]
-    pub fn apply(&self, x: &mut [f32], visible: Range<usize>, j0: usize, mut site: LogitSite) {
+    pub fn apply(
+        &self,
+        x: &mut [f32],
+        visible: Range<usize>,
+        j0: usize,
+        mut site: LogitSite,
+    ) -> Option<LogitSite> {
         let (a, b) = (visible.start, visible.end);
         if let (Transform::Identity, None, None) = (self.transform, self.bits, self.variant_mask) {
             let scale = self.s_mul * LOG2_E;
@@ -75,8 +82,9 @@ impl<'a> LogitRules<'a> {
                     f32::NEG_INFINITY
                 };
             }
-            return;
+            return None;
         }
+        let mut bad = None;
         let d = site.kv_len as i64 - site.qo_len as i64;
         for (j, v) in x.iter_mut().enumerate() {
             site.kv_idx = j0 + j;
@@ -98,10 +106,17 @@ impl<'a> LogitRules<'a> {
                     let distance = site.kv_idx as i64 - (site.qo_idx as i64 + d);
                     s + slopes[site.qo_head] * distance as f32
                 }
-                Transform::Custom(f) => f(s, &site),
+                Transform::Custom(f) => {
+                    let t = f(s, &site);
+                    if t.is_nan() || t == f32::INFINITY {
+                        bad = bad.or(Some(site));
+                    }
+                    t
+                }
             };
             *v = (t * LOG2_E).min(f32::MAX);
         }
+        bad
     }
 }
 

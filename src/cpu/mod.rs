@@ -82,9 +82,9 @@ pub fn attention_with_isa(
         });
     }
     match (q, k, v) {
-        (HostTensor::F32(q), HostTensor::F32(k), HostTensor::F32(v)) => Ok(run(p, q, k, v, isa)),
-        (HostTensor::F16(q), HostTensor::F16(k), HostTensor::F16(v)) => Ok(run(p, q, k, v, isa)),
-        (HostTensor::Bf16(q), HostTensor::Bf16(k), HostTensor::Bf16(v)) => Ok(run(p, q, k, v, isa)),
+        (HostTensor::F32(q), HostTensor::F32(k), HostTensor::F32(v)) => run(p, q, k, v, isa),
+        (HostTensor::F16(q), HostTensor::F16(k), HostTensor::F16(v)) => run(p, q, k, v, isa),
+        (HostTensor::Bf16(q), HostTensor::Bf16(k), HostTensor::Bf16(v)) => run(p, q, k, v, isa),
         // validate_inputs has checked each dtype against the problem's; kept as an error, not a
         // panic, in case that check ever changes.
         _ => Err(InvalidProblem::new(
@@ -137,7 +137,13 @@ fn plan(p: &AttentionProblem) -> Vec<Unit> {
     units
 }
 
-fn run<T: Widen>(p: &AttentionProblem, q: &[T], k: &[T], v: &[T], isa: Isa) -> AttentionOutput {
+fn run<T: Widen>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    isa: Isa,
+) -> Result<AttentionOutput, Error> {
     let f16_accum = (p.qk_accum == QkAccum::F16).then(|| p.qk_scaling());
     let s_mul = if f16_accum.is_some() { 1.0 } else { p.sm_scale };
     let ctx = Ctx {
@@ -171,6 +177,19 @@ fn run<T: Widen>(p: &AttentionProblem, q: &[T], k: &[T], v: &[T], isa: Isa) -> A
         })
         .collect();
 
+    // A custom transform that returned NaN or +inf makes the result meaningless: an error, like
+    // the reference's, rather than an output.
+    if let Some(site) = results.iter().flatten().find_map(|b| b.bad_transform) {
+        return Err(InvalidProblem::new(
+            "custom variant transform",
+            format!(
+                "returned NaN or +inf at request {}, query {}, key {}, query head {}",
+                site.request, site.qo_idx, site.kv_idx, site.qo_head
+            ),
+        )
+        .into());
+    }
+
     // Scatter: row m of a block is token tok_start + m / group, head kv_head * group + m % group,
     // so one token's rows are `group` consecutive heads, contiguous in the output too.
     let hq = p.num_qo_heads;
@@ -196,8 +215,8 @@ fn run<T: Widen>(p: &AttentionProblem, q: &[T], k: &[T], v: &[T], isa: Isa) -> A
         DType::F32 => HostTensor::F32(o),
         dtype => HostTensor::from_f32(dtype, &o),
     };
-    AttentionOutput {
+    Ok(AttentionOutput {
         o,
         lse: p.return_lse.then_some(lse),
-    }
+    })
 }
