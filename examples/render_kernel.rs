@@ -4,7 +4,9 @@
 fn main() {
     let mut args = std::env::args().skip(1);
     let filter = args.next().unwrap_or_default();
-    let tile = args.next().map(|t| attnforge::codegen::TileConfig::parse(&t).expect("a tile like w4q2kv64"));
+    let tile = args
+        .next()
+        .map(|t| attnforge::codegen::TileConfig::parse(&t).expect("a tile like w4q2kv64"));
     let matrix = attnforge::codegen::compile_matrix();
     match matrix.iter().find(|s| s.name().contains(&filter)) {
         Some(spec) => {
@@ -15,7 +17,10 @@ fn main() {
             print!("{}", attnforge::codegen::render(&spec).source)
         }
         None => {
-            eprintln!("no kernel of the {} in the matrix matches {filter:?}", matrix.len());
+            eprintln!(
+                "no kernel of the {} in the matrix matches {filter:?}",
+                matrix.len()
+            );
             std::process::exit(1);
         }
     }

@@ -16,6 +16,7 @@
 
 pub mod codegen;
 pub mod compare;
+pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod error;

@@ -10,7 +10,7 @@ use crate::compare::{compare, compare_rows, Comparison};
 use crate::problem::AttentionProblem;
 use crate::reference;
 use crate::tensor::HostTensor;
-use crate::testing::Case;
+use crate::testing::{BackendCaps, Case};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -22,8 +22,12 @@ const SAMPLED_ROWS: usize = 256;
 
 /// Something that computes attention on host tensors.
 pub trait Backend {
-    /// Name for reports (`cpu`, `cuda`).
-    fn name(&self) -> &str;
+    /// Short name, as on the command line (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// One line on what runs (instruction set and threads, or the device).
+    fn describe(&self) -> String;
+    /// What it runs; the suite lists only cases inside it.
+    fn caps(&self) -> BackendCaps;
     /// Computes `problem` on the host tensors.
     fn run(
         &self,

@@ -49,8 +49,15 @@ impl TileConfig {
         let rest = s.strip_prefix('w')?;
         let (w, rest) = rest.split_once('q')?;
         let (q, kv) = rest.split_once("kv")?;
-        let t = TileConfig { num_warps: w.parse().ok()?, mma_q: q.parse().ok()?, kv_tile: kv.parse().ok()? };
-        let valid = (1..=8).contains(&t.num_warps) && (1..=4).contains(&t.mma_q) && t.kv_tile % 16 == 0 && t.kv_tile > 0;
+        let t = TileConfig {
+            num_warps: w.parse().ok()?,
+            mma_q: q.parse().ok()?,
+            kv_tile: kv.parse().ok()?,
+        };
+        let valid = (1..=8).contains(&t.num_warps)
+            && (1..=4).contains(&t.mma_q)
+            && t.kv_tile % 16 == 0
+            && t.kv_tile > 0;
         valid.then_some(t)
     }
 

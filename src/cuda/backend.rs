@@ -3,6 +3,7 @@
 use super::engine::Engine;
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
+use crate::testing::BackendCaps;
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
 
@@ -26,8 +27,22 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn describe(&self) -> String {
+        let info = self.engine.info();
+        format!(
+            "cuda ({}, {}, {} SMs)",
+            info.name,
+            info.arch.name(),
+            info.sm_count
+        )
+    }
+
+    fn caps(&self) -> BackendCaps {
+        BackendCaps::cuda()
     }
 
     fn run(

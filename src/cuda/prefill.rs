@@ -44,9 +44,11 @@ const ROW_ALIGNMENT: usize = 8;
 /// Rejects views whose rows are not 16-byte aligned (the kernels' copies would fault).
 fn check_alignment(p: &AttentionProblem) -> Result<(), Error> {
     for (name, view) in [("q", &p.q_view), ("k", &p.k_view), ("v", &p.v_view)] {
-        for (what, value) in
-            [("offset", view.offset), ("token stride", view.token_stride), ("head stride", view.head_stride)]
-        {
+        for (what, value) in [
+            ("offset", view.offset),
+            ("token stride", view.token_stride),
+            ("head stride", view.head_stride),
+        ] {
             if value % ROW_ALIGNMENT != 0 {
                 return Err(Error::Unsupported {
                     backend: "cuda",

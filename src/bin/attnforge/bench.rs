@@ -254,7 +254,9 @@ fn measure(
 }
 
 fn parse_tile(s: &str) -> Result<TileConfig, String> {
-    TileConfig::parse(s).ok_or_else(|| format!("{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys)"))
+    TileConfig::parse(s).ok_or_else(|| {
+        format!("{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys)")
+    })
 }
 
 fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {

@@ -2,7 +2,9 @@
 //!
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod backend;
 mod bench;
+mod demo;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +25,8 @@ struct Cli {
 enum Command {
     /// Print the version and the backends found.
     Info,
+    /// Run a Llama-3-8B-shaped and a Gemma-2-shaped prefill, timed and checked.
+    Demo(demo::DemoArgs),
     /// Run the randomized correctness suite against the exact reference.
     Verify(verify::VerifyArgs),
     /// Time the GPU prefill kernel on the shared shape list (after checking it).
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Bench(args) => bench::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Verify(args) => verify::run(args),
     }
 }

@@ -1,46 +1,44 @@
-//! `attnforge verify`: the randomized correctness suite against the exact reference.
+//! `attnforge verify`: the randomized correctness suite of `attnforge::testing` run through one
+//! backend and judged against the exact reference (`attnforge::verify`).
 //!
-//! Prints a line per failed case (every case with `-v`) and ends with `N passed, M failed`; the
-//! exit status is non-zero when any case failed.
+//! Prints one line per failing case (and per case with `-v`) and ends with the line
+//! `N passed, M failed`; the exit status is non-zero when M > 0.
 
-use attnforge::testing::{cases, BackendCaps, Suite};
-use attnforge::verify::{run_cases, Backend, CaseResult};
+use crate::backend::BackendKind;
+use attnforge::testing::{cases, Case, Suite};
+use attnforge::verify::{run_cases, CaseResult};
 use std::process::ExitCode;
 
+/// The case list, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendChoice {
-    /// The GPU (CUDA).
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SuiteChoice {
-    /// Every mask x variant pair once, small problems.
+pub enum SuiteArg {
+    /// Every mask × variant pair once; a few seconds.
     Quick,
-    /// The whole grid.
+    /// Every mask × variant × dtype configuration × head dims; minutes.
     Full,
 }
 
-#[derive(clap::Args)]
+/// Arguments of `attnforge verify`.
+#[derive(clap::Args, Debug)]
 pub struct VerifyArgs {
-    /// Which backend to check.
-    #[arg(long, value_enum, default_value = "cuda")]
-    backend: BackendChoice,
+    /// The backend to verify (default: the best one present).
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
     /// Which case list.
     #[arg(long, value_enum, default_value = "quick")]
-    suite: SuiteChoice,
-    /// Seed of the case list and inputs.
+    suite: SuiteArg,
+    /// Base seed of the case list and inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Only cases whose name contains this.
     #[arg(long)]
     filter: Option<String>,
-    /// Print every case, not only failures.
+    /// Print a line for every case, not only failures.
     #[arg(short, long)]
     verbose: bool,
 }
 
-fn report(result: &CaseResult, verbose: bool) {
+fn report(result: &CaseResult, seed: u64, verbose: bool) {
     if result.passed && !verbose {
         return;
     }
@@ -49,47 +47,45 @@ fn report(result: &CaseResult, verbose: bool) {
         Ok(c) => c.to_string(),
         Err(e) => format!("error: {e}"),
     };
-    let sampled = if result.sampled {
-        " (sampled rows)"
-    } else {
-        ""
-    };
+    let sampled = if result.sampled { ", sampled rows" } else { "" };
+    let ms = result.backend_time.as_secs_f64() * 1e3;
     println!(
-        "{verdict} {} [{:.1} ms]{sampled}: {detail}",
-        result.name,
-        result.backend_time.as_secs_f64() * 1e3
+        "{verdict} {} (seed {seed}, {ms:.0} ms{sampled}): {detail}",
+        result.name
     );
 }
 
+/// Runs the suite; see the module doc.
 pub fn run(args: VerifyArgs) -> ExitCode {
-    let (backend, caps): (Box<dyn Backend>, BackendCaps) = match args.backend {
-        BackendChoice::Cuda => match attnforge::cuda::CudaBackend::new(0) {
-            Ok(b) => (Box::new(b), BackendCaps::cuda()),
-            Err(e) => {
-                eprintln!("error: the cuda backend is not available: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let backend = match args.backend.unwrap_or_else(BackendKind::best).open() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return ExitCode::FAILURE;
+        }
     };
     let suite = match args.suite {
-        SuiteChoice::Quick => Suite::Quick,
-        SuiteChoice::Full => Suite::Full,
+        SuiteArg::Quick => Suite::Quick,
+        SuiteArg::Full => Suite::Full,
     };
-    let mut list = cases(suite, args.seed, &caps);
-    if let Some(f) = &args.filter {
-        list.retain(|c| c.name.contains(f.as_str()));
-    }
+    let selected: Vec<Case> = cases(suite, args.seed, &backend.caps())
+        .into_iter()
+        .filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f)))
+        .collect();
     println!(
-        "verify: backend {}, {} cases, seed {}",
-        backend.name(),
-        list.len(),
-        args.seed
+        "verify: {} cases of the {:?} suite (seed {}) on {}",
+        selected.len(),
+        args.suite,
+        args.seed,
+        backend.describe()
     );
-    let summary = run_cases(backend.as_ref(), &list, |r| report(r, args.verbose));
+    let summary = run_cases(backend.as_ref(), &selected, |r| {
+        report(r, args.seed, args.verbose)
+    });
     println!("{} passed, {} failed", summary.passed, summary.failed);
-    if summary.failed > 0 {
-        ExitCode::FAILURE
-    } else {
+    if summary.failed == 0 {
         ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

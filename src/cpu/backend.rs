@@ -1,0 +1,49 @@
+//! The fast CPU backend as a [`Backend`](crate::verify::Backend) of the CLI and the verify suite.
+
+use super::{attention_with_isa, Isa, BACKEND};
+use crate::problem::AttentionProblem;
+use crate::tensor::HostTensor;
+use crate::testing::BackendCaps;
+use crate::verify::Backend;
+use crate::{AttentionOutput, Error};
+
+/// The CPU backend with the kernels of one instruction set.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuBackend {
+    isa: Isa,
+}
+
+impl CpuBackend {
+    /// The best kernels this machine runs.
+    pub fn detect() -> CpuBackend {
+        CpuBackend { isa: Isa::detect() }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({} kernels, {} threads)",
+            self.isa.name(),
+            rayon::current_num_threads()
+        )
+    }
+
+    fn caps(&self) -> BackendCaps {
+        BackendCaps::cpu()
+    }
+
+    fn run(
+        &self,
+        p: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Result<AttentionOutput, Error> {
+        attention_with_isa(p, q, k, v, self.isa)
+    }
+}
