@@ -3,6 +3,8 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod bench;
+mod compile;
+mod info;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,19 +22,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the version and the backends found.
+    /// Print the version, the backends found, NVRTC and the kernel cache.
     Info,
     /// Time the GPU prefill kernel on the shared shape list (after checking it).
     Bench(bench::BenchArgs),
+    /// Compile every kernel the engine can emit, for each target architecture.
+    Compile(compile::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Info => {
-            println!("attnforge {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
+        Command::Info => info::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Compile(args) => compile::run(args),
     }
 }
