@@ -92,18 +92,20 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
     let kernels = rendered_matrix(args.filter.as_deref())?;
     let jit = Jit::from_env(!args.no_cache).map_err(|e| e.to_string())?;
 
-    let jobs: Vec<(BatchJob, bool)> = archs
-        .iter()
-        .flat_map(|&arch| kernels.iter().map(move |k| (job(k, arch), k.allow_spill)))
-        .collect();
-    let batch: Vec<BatchJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
+    let mut batch = Vec::new();
+    let mut allow_spill = Vec::new();
+    for &arch in &archs {
+        for k in &kernels {
+            batch.push(job(k, arch));
+            allow_spill.push(k.allow_spill);
+        }
+    }
     let progress = Progress::auto(batch.len(), "compile");
     let results = compile_all(&jit, &batch, threads, &progress).map_err(|e| e.to_string())?;
-
     let rows: Vec<Row> = results
         .into_iter()
-        .zip(&jobs)
-        .map(|(r, (job, allow))| row(job, *allow, r))
+        .zip(batch.iter().zip(allow_spill))
+        .map(|(r, (job, allow))| row(job, allow, r))
         .collect();
     let summary = summarize(&rows, start.elapsed());
     if args.json {
