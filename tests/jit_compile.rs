@@ -73,7 +73,7 @@ fn snippet_errors_name_the_snippet_and_its_own_lines() {
                out[0] = t;\n\
                }\n";
     let spans = [SnippetSpan {
-        label: "logits_transform".into(),
+        label: "custom logits_transform".into(),
         first_line: 3,
         line_count: 3,
     }];
@@ -103,6 +103,37 @@ fn snippet_errors_name_the_snippet_and_its_own_lines() {
         "the log must print verbatim, line by line: {shown}"
     );
     assert!(!shown.contains("\\n"), "Debug-escaped: {shown}");
+}
+
+#[test]
+fn snippet_errors_behind_a_line_directive() {
+    let Some(nvrtc) = nvrtc() else { return };
+    // The generator's layout: `#line 1 "LABEL"` before the body, `#line` back afterwards.
+    let src = "__device__ float hook(float s) {\n\
+               #line 1 \"custom logits_transform\"\n\
+               float t = s;\n\
+               return t * missing_scale;\n\
+               }\n\
+               #line 6 \"gen.cu\"\n\
+               extern \"C\" __global__ void k(float* o) { o[0] = hook(o[0]); }\n";
+    let spans = [SnippetSpan {
+        label: "custom logits_transform".into(),
+        first_line: 3,
+        line_count: 2,
+    }];
+    let err = compile(
+        &nvrtc,
+        &source("gen", "k", src, &spans),
+        &CompileOptions::new(Arch::Sm90a),
+    )
+    .unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.contains(
+            "custom logits_transform, line 2: error: identifier \"missing_scale\" is undefined"
+        ),
+        "{shown}"
+    );
 }
 
 #[test]

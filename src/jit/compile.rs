@@ -19,11 +19,11 @@ pub const CXX_STANDARD: &str = "-std=c++17";
 /// Asks ptxas for its per-function resource report (parsed by [`super::report`]).
 pub const PTXAS_VERBOSE: &str = "--ptxas-options=-v";
 
-/// A span of the generated source that came from the user (a custom variant's snippet), so
-/// errors inside it can be reported in the user's own line numbers.
+/// A span of the generated source that came from a variant's snippet, so errors inside it can be
+/// reported in the snippet's own line numbers (the generator fills these in).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SnippetSpan {
-    /// What the snippet is, e.g. `logits_transform`.
+    /// What the snippet is, e.g. `custom logits_transform`.
     pub label: String,
     /// 1-based line in the generated source where the snippet starts.
     pub first_line: usize,
@@ -195,37 +195,48 @@ pub(crate) fn report_for(kernel: &str, entry: &str, log: &str) -> Result<Resourc
     })
 }
 
-/// Rewrites diagnostics `prog(LINE): rest` whose LINE falls inside a snippet to
-/// `custom LABEL, line N: rest`, N counted from the snippet's first line; every other line is
-/// kept as it is.
+/// Rewrites diagnostics that point into a user snippet to `LABEL, line N: rest`, N counted from
+/// the snippet's first line. Two shapes are recognised:
+/// - `LABEL(N): rest`, where the generator put `#line 1 "LABEL"` before the snippet (NVRTC then
+///   already counts from the snippet's start);
+/// - `PROG(LINE): rest` with LINE inside a span of the generated file (no `#line` directive).
+///
+/// Every other line is kept as it is.
 pub fn map_snippet_lines(log: &str, prog_name: &str, snippets: &[SnippetSpan]) -> String {
-    let prefix = format!("{prog_name}(");
     let mapped: Vec<String> = log
         .lines()
-        .map(|line| {
-            let Some(rest) = line.strip_prefix(&prefix) else {
-                return line.to_string();
-            };
-            let Some((num, tail)) = rest.split_once("):") else {
-                return line.to_string();
-            };
-            let Ok(n) = num.parse::<usize>() else {
-                return line.to_string();
-            };
-            match snippets
-                .iter()
-                .find(|s| n >= s.first_line && n < s.first_line + s.line_count)
-            {
-                Some(s) => format!("custom {}, line {}:{tail}", s.label, n - s.first_line + 1),
-                None => line.to_string(),
-            }
-        })
+        .map(|line| map_line(line, prog_name, snippets).unwrap_or_else(|| line.to_string()))
         .collect();
     let mut out = mapped.join("\n");
     if log.ends_with('\n') {
         out.push('\n');
     }
     out
+}
+
+/// `FILE(N): rest` split into `(FILE, N, rest)`.
+fn diagnostic_location(line: &str) -> Option<(&str, usize, &str)> {
+    let (head, tail) = line.split_once("): ")?;
+    let (file, num) = head.rsplit_once('(')?;
+    Some((file, num.parse().ok()?, tail))
+}
+
+fn map_line(line: &str, prog_name: &str, snippets: &[SnippetSpan]) -> Option<String> {
+    let (file, n, tail) = diagnostic_location(line)?;
+    if let Some(s) = snippets.iter().find(|s| s.label == file) {
+        return Some(format!("{}, line {n}: {tail}", s.label));
+    }
+    if file != prog_name {
+        return None;
+    }
+    let s = snippets
+        .iter()
+        .find(|s| n >= s.first_line && n < s.first_line + s.line_count)?;
+    Some(format!(
+        "{}, line {}: {tail}",
+        s.label,
+        n - s.first_line + 1
+    ))
 }
 
 #[cfg(test)]
@@ -268,7 +279,7 @@ mod tests {
                    float y = undefined_thing;\n              ^\n\nk.cu(4): error: expected a \";\"\n\n\
                    2 errors detected in the compilation of \"k.cu\".\n";
         let spans = [SnippetSpan {
-            label: "logits_transform".into(),
+            label: "custom logits_transform".into(),
             first_line: 10,
             line_count: 3,
         }];
@@ -278,6 +289,11 @@ mod tests {
                 "custom logits_transform, line 3: error: identifier \"undefined_thing\""
             ),
             "{out}"
+        );
+        let via_line_directive = "custom logits_transform(2): error: expected a \";\"\n";
+        assert_eq!(
+            map_snippet_lines(via_line_directive, "k.cu", &spans),
+            "custom logits_transform, line 2: error: expected a \";\"\n"
         );
         assert!(out.contains("\nk.cu(4): error: expected"), "{out}");
         assert!(out.ends_with("compilation of \"k.cu\".\n"), "{out}");

@@ -6,6 +6,8 @@ mod backend;
 mod bench;
 mod demo;
 mod verify;
+mod compile;
+mod info;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the version and the backends found.
+    /// Print the version, the backends found, NVRTC and the kernel cache.
     Info,
     /// Run a Llama-3-8B-shaped and a Gemma-2-shaped prefill, timed and checked.
     Demo(demo::DemoArgs),
@@ -31,17 +33,17 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Time the GPU prefill kernel on the shared shape list (after checking it).
     Bench(bench::BenchArgs),
+    /// Compile every kernel the engine can emit, for each target architecture.
+    Compile(compile::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Info => {
-            println!("attnforge {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
+        Command::Info => info::run(),
         Command::Bench(args) => bench::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Compile(args) => compile::run(args),
     }
 }

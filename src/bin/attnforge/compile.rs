@@ -1,0 +1,289 @@
+//! `attnforge compile`: compile every kernel the engine can emit (`codegen::compile_matrix`) for
+//! each requested architecture, and report registers, spills and shared memory per kernel.
+//!
+//! Exits non-zero when any kernel fails to render or compile, and when any kernel spills
+//! registers without being declared to allow it (`RenderedKernel::allow_spill`). This is the
+//! command CI runs for sm_90a and sm_80 over the whole matrix.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use attnforge::codegen::{self, RenderedKernel};
+use attnforge::jit::batch::{compile_all, BatchJob, Progress};
+use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, JitError, JitOutput};
+use serde::Serialize;
+
+/// Default targets: Ampere, Ada, Hopper.
+const DEFAULT_ARCHS: &str = "sm_80,sm_89,sm_90a";
+/// Milliseconds per second, for printing.
+const MS_PER_S: f64 = 1e3;
+
+/// Arguments of `attnforge compile`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Comma-separated targets (sm_80, sm_86, sm_89, sm_90a).
+    #[arg(long, default_value = DEFAULT_ARCHS)]
+    arch: String,
+    /// Only kernels whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Parallel compiles (default: the number of CPUs).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Compile everything; neither read nor write the disk cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One row of the report.
+#[derive(Serialize)]
+struct Row {
+    name: String,
+    arch: String,
+    /// `compiled`, `cached`, `rebuilt`, or `failed`.
+    status: &'static str,
+    /// Seconds NVRTC took (for cached kernels: when they were compiled).
+    compile_s: Option<f64>,
+    /// Seconds this run spent on the kernel (compile, or cache load).
+    wall_s: Option<f64>,
+    registers: Option<u32>,
+    spill_store_bytes: Option<u64>,
+    spill_load_bytes: Option<u64>,
+    shared_bytes: Option<u64>,
+    allow_spill: bool,
+    /// The compiler log for failures (verbatim, snippet lines mapped).
+    error: Option<String>,
+}
+
+#[derive(Serialize, Default)]
+struct Summary {
+    kernels: usize,
+    compiled: usize,
+    cached: usize,
+    failed: usize,
+    spilling: usize,
+    spilling_not_allowed: usize,
+    wall_s: f64,
+    compile_s_sum: f64,
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> ExitCode {
+    match run_inner(&args) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("attnforge compile: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_inner(args: &Args) -> Result<ExitCode, String> {
+    let start = Instant::now();
+    let archs = Arch::parse_list(&args.arch).map_err(|e| format!("--arch: {e}"))?;
+    let threads = match args.jobs {
+        Some(0) => return Err("--jobs: must be at least 1, got 0".into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let kernels = rendered_matrix(args.filter.as_deref())?;
+    let jit = Jit::from_env(!args.no_cache).map_err(|e| e.to_string())?;
+
+    let mut batch = Vec::new();
+    let mut allow_spill = Vec::new();
+    for &arch in &archs {
+        for k in &kernels {
+            batch.push(job(k, arch));
+            allow_spill.push(k.allow_spill);
+        }
+    }
+    let progress = Progress::auto(batch.len(), "compile");
+    let results = compile_all(&jit, &batch, threads, &progress).map_err(|e| e.to_string())?;
+    let rows: Vec<Row> = results
+        .into_iter()
+        .zip(batch.iter().zip(allow_spill))
+        .map(|(r, (job, allow))| row(job, allow, r))
+        .collect();
+    let summary = summarize(&rows, start.elapsed());
+    if args.json {
+        let doc = serde_json::json!({ "kernels": rows, "summary": summary });
+        println!("{doc:#}");
+    } else {
+        print_table(
+            &rows,
+            &summary,
+            jit.cache().map(|c| c.dir().display().to_string()),
+        );
+    }
+    let ok = summary.failed == 0 && summary.spilling_not_allowed == 0;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Renders the (filtered) matrix.
+fn rendered_matrix(filter: Option<&str>) -> Result<Vec<RenderedKernel>, String> {
+    let specs: Vec<_> = codegen::compile_matrix()
+        .into_iter()
+        .filter(|s| filter.is_none_or(|f| s.to_string().contains(f)))
+        .collect();
+    if specs.is_empty() {
+        return Err(format!(
+            "--filter {:?} matches none of the {} kernels",
+            filter.unwrap_or_default(),
+            codegen::compile_matrix().len()
+        ));
+    }
+    let kernels = specs.iter().map(codegen::render).collect();
+    Ok(kernels)
+}
+
+fn job(k: &RenderedKernel, arch: Arch) -> BatchJob {
+    BatchJob {
+        name: k.name.clone(),
+        entry: k.entry.clone(),
+        source: k.source.clone(),
+        snippets: k.snippets.clone(),
+        options: CompileOptions::new(arch),
+    }
+}
+
+fn row(job: &BatchJob, allow_spill: bool, result: Result<JitOutput, JitError>) -> Row {
+    match result {
+        Ok(out) => {
+            let r = &out.kernel.report;
+            Row {
+                name: job.name.clone(),
+                arch: job.options.arch.to_string(),
+                status: match out.cache {
+                    CacheStatus::Hit => "cached",
+                    CacheStatus::Rebuilt { .. } => "rebuilt",
+                    _ => "compiled",
+                },
+                compile_s: Some(out.kernel.compile_time.as_secs_f64()),
+                wall_s: Some(out.elapsed.as_secs_f64()),
+                registers: Some(r.registers),
+                spill_store_bytes: Some(r.spill_store_bytes),
+                spill_load_bytes: Some(r.spill_load_bytes),
+                shared_bytes: Some(r.shared_bytes),
+                allow_spill,
+                error: None,
+            }
+        }
+        Err(e) => Row {
+            name: job.name.clone(),
+            arch: job.options.arch.to_string(),
+            status: "failed",
+            compile_s: None,
+            wall_s: None,
+            registers: None,
+            spill_store_bytes: None,
+            spill_load_bytes: None,
+            shared_bytes: None,
+            allow_spill,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+fn spills(r: &Row) -> bool {
+    r.spill_store_bytes.unwrap_or(0) > 0 || r.spill_load_bytes.unwrap_or(0) > 0
+}
+
+fn summarize(rows: &[Row], wall: Duration) -> Summary {
+    let mut s = Summary {
+        kernels: rows.len(),
+        wall_s: wall.as_secs_f64(),
+        ..Default::default()
+    };
+    for r in rows {
+        match r.status {
+            "failed" => s.failed += 1,
+            "cached" => s.cached += 1,
+            _ => {
+                s.compiled += 1;
+                s.compile_s_sum += r.compile_s.unwrap_or(0.0);
+            }
+        }
+        if spills(r) {
+            s.spilling += 1;
+            if !r.allow_spill {
+                s.spilling_not_allowed += 1;
+            }
+        }
+    }
+    s
+}
+
+fn time_cell(r: &Row) -> String {
+    match (r.status, r.compile_s, r.wall_s) {
+        ("cached", _, Some(w)) => format!("cached {:.1} ms", w * MS_PER_S),
+        (_, Some(c), _) => format!("{c:.2} s"),
+        _ => "-".into(),
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn print_table(rows: &[Row], s: &Summary, cache_dir: Option<String>) {
+    let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{:<name_w$}  {:<7} {:>15} {:>5} {:>13} {:>7}  status",
+        "kernel", "arch", "time", "regs", "spill st/ld", "smem"
+    );
+    for r in rows {
+        let status = if r.status == "failed" {
+            "FAILED"
+        } else if spills(r) && !r.allow_spill {
+            "SPILLS"
+        } else if spills(r) {
+            "ok (spill allowed)"
+        } else {
+            "ok"
+        };
+        let spill = match (r.spill_store_bytes, r.spill_load_bytes) {
+            (Some(st), Some(ld)) => format!("{st}/{ld}"),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<name_w$}  {:<7} {:>15} {:>5} {:>13} {:>7}  {status}",
+            r.name,
+            r.arch,
+            time_cell(r),
+            opt(r.registers),
+            spill,
+            opt(r.shared_bytes),
+        );
+    }
+    for r in rows.iter().filter(|r| r.error.is_some()) {
+        eprintln!(
+            "\n{} {}: {}",
+            r.name,
+            r.arch,
+            r.error.as_deref().unwrap_or_default()
+        );
+    }
+    println!(
+        "\n{} kernels: {} compiled ({:.1} s of NVRTC time), {} cached, {} failed, {} spilling \
+         ({} not allowed); {:.1} s wall",
+        s.kernels,
+        s.compiled,
+        s.compile_s_sum,
+        s.cached,
+        s.failed,
+        s.spilling,
+        s.spilling_not_allowed,
+        s.wall_s
+    );
+    match cache_dir {
+        Some(d) => println!("cache: {d}"),
+        None => println!("cache: off (--no-cache)"),
+    }
+}
