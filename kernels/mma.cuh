@@ -6,7 +6,8 @@
 //   B (16x8, k x n), 2 registers: b0 (k = 2t, n = g), b1 (k = 2t+8, n = g);
 //   C/D f32, 4 registers: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1);
 //   C/D f16, 2 registers: c0 (g, 2t..2t+1), c1 (g+8, 2t..2t+1).
-// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ldmatrix_x4(_trans), cp.async.
+// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, ldmatrix_x4(_trans),
+// cp.async.
 
 template <typename T>
 __device__ __forceinline__ void mma_f32acc(float c[4], const u32_t a[4], u32_t b0, u32_t b1);
@@ -42,6 +43,13 @@ __device__ __forceinline__ u32_t smem_addr(const void* p) {
   u32_t r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
   return r;
+}
+
+// 16 bytes from shared memory.
+__device__ __forceinline__ uint4 ld_shared_16(u32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32_t r[4], u32_t addr) {

@@ -1,7 +1,9 @@
 // online_softmax.cuh — running max and sum of one warp's rows, in the base-2 domain.
 //
 // Each thread holds two rows per m16 tile (g and g + 8, g = lane / 4); the four threads of a quad
-// share a row. Logits arrive as base-2 values (LOG2E folded in) with -inf for masked keys. A row
+// share a row. Logits arrive as x with -inf for masked keys; the base-2 logit is x * scale
+// (scale > 0 folds sm_scale and LOG2E, or is 1 when a transform already produced base-2 values),
+// so one FFMA per element forms the exponent. A row
 // that has seen only masked keys keeps max = -inf; its exponent offset is then taken as 0 so no
 // inf - inf ever forms: its p are exp2(-inf) = 0 and its sum stays 0.
 // Requires: common.cuh.
@@ -23,25 +25,25 @@ struct OnlineSoftmax {
   }
 
   // Turns logits `s` into probabilities relative to the new running max and rescales the output
-  // accumulators `o` when the max grew.
+  // accumulators `o` when the max grew. The running max is kept in base-2 units.
   template <int KV_NT, int VO_NT>
-  __device__ __forceinline__ void update(float (&s)[MMA_Q][KV_NT][4], float (&o)[MMA_Q][VO_NT][4]) {
+  __device__ __forceinline__ void update(float (&s)[MMA_Q][KV_NT][4], float (&o)[MMA_Q][VO_NT][4], float scale) {
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mq][h];
+        float raw = neg_inf();
 #pragma unroll
-        for (int nt = 0; nt < KV_NT; ++nt) mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
-        mx = warp_max_quad(mx);
+        for (int nt = 0; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+        float mx = fmaxf(row_max[mq][h], warp_max_quad(raw) * scale);
         float offset = mx == neg_inf() ? 0.0f : mx;
         float rescale = exp2_approx(row_max[mq][h] - offset);
         row_max[mq][h] = mx;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < KV_NT; ++nt) {
-          s[mq][nt][2 * h] = exp2_approx(s[mq][nt][2 * h] - offset);
-          s[mq][nt][2 * h + 1] = exp2_approx(s[mq][nt][2 * h + 1] - offset);
+          s[mq][nt][2 * h] = exp2_approx(fmaf(s[mq][nt][2 * h], scale, -offset));
+          s[mq][nt][2 * h + 1] = exp2_approx(fmaf(s[mq][nt][2 * h + 1], scale, -offset));
           sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
         }
         row_sum[mq][h] = row_sum[mq][h] * rescale + sum;

@@ -19,16 +19,17 @@ constexpr int NUM_WARPS = spec::NUM_WARPS;
 constexpr int NUM_THREADS = NUM_WARPS * 32;
 constexpr int MMA_Q = spec::MMA_Q;
 constexpr int CTA_Q = NUM_WARPS * MMA_Q * 16;
-constexpr int KV_TILE = spec::KV_TILE;
+constexpr int KV_TILE = spec::KV_TILE;  // keys loaded per barrier
+constexpr int KV_SUB = spec::KV_SUB;    // keys computed at a time (S registers)
 constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
 constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
-constexpr int KV_NT = KV_TILE / 8;                 // n8 tiles of S per m16 tile
+constexpr int KV_NT = KV_SUB / 8;                  // n8 tiles of S per m16 tile
 constexpr int VO_NT = spec::HEAD_DIM_VO / 8;       // n8 tiles of O per m16 tile
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
 constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES);
-static_assert(KV_TILE % 16 == 0, "KV tile must be a multiple of 16");
+static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
 
@@ -55,7 +56,7 @@ __device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemT
     for (int mq = 0; mq < MMA_Q; ++mq)
       ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
 #pragma unroll
-    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
+    for (int nb = 0; nb < KV_SUB / 16; ++nb) {
       u32_t b[4];
       ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
@@ -65,6 +66,26 @@ __device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemT
       }
     }
   }
+}
+
+// f32-accumulated dot product of row `qa` of `a` and row `kb` of `b` (f16 elements), read
+// straight from shared memory: the overflow fallback of qk_f16.
+__device__ __noinline__ float dot_rows_f32(const SmemTile<QK_CHUNKS>& a, int qa, const SmemTile<QK_CHUNKS>& b, int kb) {
+  float acc = 0.0f;
+#pragma unroll 1
+  for (int c = 0; c < QK_CHUNKS; ++c) {
+    uint4 x = ld_shared_16(a.chunk_addr(qa, c)), y = ld_shared_16(b.chunk_addr(kb, c));
+    const u32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float x0, x1, y0, y1;
+      f16x2_to_float2(xs[j], x0, x1);
+      f16x2_to_float2(ys[j], y0, y1);
+      acc = fmaf(x0, y0, acc);
+      acc = fmaf(x1, y1, acc);
+    }
+  }
+  return acc;
 }
 
 // S = Q K^T with f16 accumulators (rounded to f16 after each k16 step), widened exactly to f32.
@@ -83,7 +104,7 @@ __device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemT
     for (int mq = 0; mq < MMA_Q; ++mq)
       ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
 #pragma unroll
-    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
+    for (int nb = 0; nb < KV_SUB / 16; ++nb) {
       u32_t b[4];
       ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
@@ -105,41 +126,24 @@ __device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemT
     }
   if (__any_sync(0xffffffffu, overflow)) {
     // Rare: an accumulator left the f16 range, so it is inf or NaN (a non-finite partial sum
-    // never becomes finite again). Recompute 16 keys at a time with f32 accumulators (few live
-    // registers) and replace exactly the non-finite elements.
+    // never becomes finite again). Exactly those elements are recomputed with f32 accumulation,
+    // one scalar dot product each: a cold path that keeps no extra registers live.
 #pragma unroll
-    for (int nb = 0; nb < KV_TILE / 16; ++nb) {
-      float exact[MMA_Q][2][4];
+    for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq)
+      for (int nt = 0; nt < KV_NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) exact[mq][0][e] = exact[mq][1][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-        u32_t b[4];
-        ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
-#pragma unroll
-        for (int mq = 0; mq < MMA_Q; ++mq) {
-          u32_t a[4];
-          ldmatrix_x4(a, q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
-          mma_f32acc<DTypeIn>(exact[mq][0], a, b[0], b[1]);
-          mma_f32acc<DTypeIn>(exact[mq][1], a, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float& x = s[mq][2 * nb + half][e];
-            x = isfinite(x) ? x : exact[mq][half][e];
+        for (int e = 0; e < 4; ++e)
+          if (!isfinite(s[mq][nt][e])) {
+            int q_row = warp_row0 + mq * 16 + lane / 4 + 8 * (e / 2);
+            int k_row = nt * 8 + 2 * (lane % 4) + e % 2;
+            s[mq][nt][e] = dot_rows_f32(q, q_row, k, k_row);
           }
-    }
   }
 }
 
-// Turns accumulators into base-2 logits in place: variant transform, then the mask (-inf).
+// Turns accumulators into logits in the softmax's units in place (variant_logit), then applies
+// the mask (-inf).
 template <bool NEEDS_MASK>
 __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
                                        int kv_head, int k0, int lane, float (&s)[MMA_Q][KV_NT][4]) {
@@ -153,8 +157,8 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
         int kv_idx = k0 + nt * 8 + 2 * (lane % 4) + (e % 2);
         int qo_idx = rows.token[mq][h];
         int qo_head = rows.head[mq][h];
-        float t = variant_logit_log2(p.variant, s[mq][nt][e], p.post_scale, p.scale_log2, qo_idx, kv_idx, qo_head,
-                                     kv_head, m.qo_len, m.kv_len);
+        float t = variant_logit(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx, qo_head, kv_head, m.qo_len,
+                                m.kv_len);
         if constexpr (NEEDS_MASK) {
           bool visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
           if constexpr (VARIANT_HAS_MASK) {
@@ -170,7 +174,7 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 __device__ __forceinline__ void pv(const SmemTile<VO_CHUNKS>& v, int lane, const float (&s)[MMA_Q][KV_NT][4],
                                    float (&o)[MMA_Q][VO_NT][4]) {
 #pragma unroll
-  for (int kk = 0; kk < KV_TILE / 16; ++kk) {
+  for (int kk = 0; kk < KV_SUB / 16; ++kk) {
     u32_t a[MMA_Q][4];
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
@@ -307,25 +311,21 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const DTypeIn* k_ptr = static_cast<const DTypeIn*>(p.k) + kv_start * p.k_stride_token + tile.kv_head * p.k_stride_head;
   const DTypeIn* v_ptr = static_cast<const DTypeIn*>(p.v) + kv_start * p.v_stride_token + tile.kv_head * p.v_stride_head;
 
-  // K and V of tile t go to buffer t % 2, each as its own cp.async group; a group is committed
-  // even when empty so that the wait counts below stay the same on the last tile.
+  // K and V of tile t go to buffer t % 2 as cp.async groups; a group is committed even when empty
+  // (past the last tile) so that every iteration waits for the same groups.
   auto load_k = [&](int t) {
     if (t < num_tiles) {
-      int k0 = kv_lo + t * KV_TILE;
-      load_tile_async<KV_TILE, QK_CHUNKS, NUM_THREADS, DTypeIn>(k_tile(t), [&](int row, bool& valid) {
-        valid = k0 + row < m.kv_len;
-        return k_ptr + (valid ? static_cast<i64_t>(k0 + row) * p.k_stride_token : 0);
-      });
+      const int k0 = kv_lo + t * KV_TILE;
+      load_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_ptr + k0 * p.k_stride_token, p.k_stride_token,
+                                                       m.kv_len - k0);
     }
     cp_async_commit();
   };
   auto load_v = [&](int t) {
     if (t < num_tiles) {
-      int k0 = kv_lo + t * KV_TILE;
-      load_tile_async<KV_TILE, VO_CHUNKS, NUM_THREADS, DTypeIn>(v_tile(t), [&](int row, bool& valid) {
-        valid = k0 + row < m.kv_len;
-        return v_ptr + (valid ? static_cast<i64_t>(k0 + row) * p.v_stride_token : 0);
-      });
+      const int k0 = kv_lo + t * KV_TILE;
+      load_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_ptr + k0 * p.v_stride_token, p.v_stride_token,
+                                                       m.kv_len - k0);
     }
     cp_async_commit();
   };
@@ -346,35 +346,43 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       valid = tile.coords(row, token, head);
       return q_ptr + (valid ? static_cast<i64_t>(qo_start + token) * p.q_stride_token + head * p.q_stride_head : 0);
     });
-    load_k(0);  // one group: Q and K_0
+    load_k(0);  // Q, K_0 and V_0: the first tile's groups
     load_v(0);
   }
+  // Logits arrive raw (the scale is folded into the exponent) unless a transform ran.
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? 1.0f : p.scale_log2;
   for (int t = 0; t < num_tiles; ++t) {
-    const int k0 = kv_lo + t * KV_TILE;
-    cp_async_wait<1>();  // in flight were K_t (with Q when t = 0) and V_t: K_t has landed
+    cp_async_wait<0>();  // K_t and V_t (and Q, with the first tile) have landed
     if constexpr (spec::QK_F16_ACCUM) {
       if (t == 0) prescale_q(q_tile, smem, p.q_prescale);
     }
     __syncthreads();
-    // Every warp is past S of tile t - 1: K_{t+1} may overwrite its buffer.
+    // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
+    // while this whole tile computes.
     load_k(t + 1);
-    float s[MMA_Q][KV_NT][4];
-    if constexpr (spec::QK_F16_ACCUM) {
-      qk_f16(q_tile, k_tile(t), warp_row0, lane, s);
-    } else {
-      qk_f32(q_tile, k_tile(t), warp_row0, lane, s);
-    }
-    if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_TILE)) {
-      logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
-    } else {
-      logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
-    }
-    softmax.update(s, o);
-    cp_async_wait<1>();  // in flight were V_t and K_{t+1}: V_t has landed
-    __syncthreads();
-    // Every warp is past P V of tile t - 1: V_{t+1} may overwrite its buffer.
     load_v(t + 1);
-    pv(v_tile(t), lane, s, o);
+    // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
+    // addresses and fragments live.
+#pragma unroll 1
+    for (int sub = 0; sub < KV_TILE / KV_SUB; ++sub) {
+      const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
+      if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
+      const SmemTile<QK_CHUNKS> k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
+      const SmemTile<VO_CHUNKS> v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
+      float s[MMA_Q][KV_NT][4];
+      if constexpr (spec::QK_F16_ACCUM) {
+        qk_f16(q_tile, k_sub, warp_row0, lane, s);
+      } else {
+        qk_f32(q_tile, k_sub, warp_row0, lane, s);
+      }
+      if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
+        logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
+      } else if constexpr (VARIANT_HAS_TRANSFORM) {
+        logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
+      }
+      softmax.update(s, o, softmax_scale);
+      pv(v_sub, lane, s, o);
+    }
   }
 
   float sink_log2[MMA_Q][2];

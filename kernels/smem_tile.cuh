@@ -32,3 +32,31 @@ __device__ __forceinline__ void load_tile_async(const SmemTile<ROW_CHUNKS>& tile
     cp_async_16(tile.chunk_addr(row, chunk), src + chunk * ELEMS_PER_CHUNK, valid);
   }
 }
+
+// Loads ROWS rows of a row-strided source (row r at first_row + r * row_stride elements) into
+// `tile`; rows at or past `valid_rows` are zero-filled. Each thread keeps one source pointer and
+// steps it by a uniform stride, so the K/V loads of a tile cost a few registers, not one address
+// per chunk (which pushed the main loop into spills).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T>
+__device__ __forceinline__ void load_rows_async(const SmemTile<ROW_CHUNKS>& tile, const T* first_row,
+                                                i64_t row_stride, int valid_rows) {
+  constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);
+  if constexpr (NUM_THREADS % ROW_CHUNKS == 0) {
+    constexpr int ROWS_PER_PASS = NUM_THREADS / ROW_CHUNKS;
+    static_assert(ROWS % ROWS_PER_PASS == 0, "tile rows must split evenly over passes");
+    const int row0 = threadIdx.x / ROW_CHUNKS, chunk = threadIdx.x % ROW_CHUNKS;
+    const T* src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
+    const i64_t step = ROWS_PER_PASS * row_stride;
+#pragma unroll
+    for (int i = 0; i < ROWS / ROWS_PER_PASS; ++i) {
+      const int row = row0 + i * ROWS_PER_PASS;
+      const bool valid = row < valid_rows;
+      cp_async_16(tile.chunk_addr(row, chunk), valid ? src + i * step : first_row, valid);
+    }
+  } else {
+    load_tile_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, [&](int row, bool& valid) {
+      valid = row < valid_rows;
+      return valid ? first_row + row * row_stride : first_row;
+    });
+  }
+}

@@ -15,14 +15,14 @@
 // This file turns the hooks into the base-2 logits the online softmax works with.
 // Requires: common.cuh and the rendered variant.
 
-// Base-2 logit of one element: LOG2E * transform(post_scale * acc). Without a transform the two
-// factors are folded into `scale_log2` by the host, one multiply per element.
-__device__ __forceinline__ float variant_logit_log2(const VariantParams& params, float acc, float post_scale,
-                                                    float scale_log2, int qo_idx, int kv_idx, int qo_head,
-                                                    int kv_head, int qo_len, int kv_len) {
+// Logit of one element in the units the online softmax takes: with a transform, the base-2
+// logit LOG2E * transform(post_scale * acc); without one, the raw accumulator (the softmax folds
+// post_scale * LOG2E into its exponent, one FFMA per element).
+__device__ __forceinline__ float variant_logit(const VariantParams& params, float acc, float post_scale, int qo_idx,
+                                               int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len) {
   if constexpr (VARIANT_HAS_TRANSFORM) {
     return LOG2E * logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else {
-    return acc * scale_log2;
+    return acc;
   }
 }

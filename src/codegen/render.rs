@@ -99,6 +99,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         "namespace spec {{\nusing DTypeIn = {};\nusing DTypeOut = {};\nconstexpr int HEAD_DIM_QK = {};\n\
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
+         constexpr int KV_SUB = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
         cuda_dtype(spec.output_dtype),
@@ -109,6 +110,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.num_warps,
         spec.tile.mma_q,
         spec.tile.kv_tile,
+        spec.tile.kv_sub,
     );
     out.push_str(&layout.variant.cuda_struct());
     variant::render(&code, &mut out, &mut snippets, &file_name);

@@ -12,8 +12,10 @@ pub struct TileConfig {
     pub num_warps: u32,
     /// m16 query tiles per warp.
     pub mma_q: u32,
-    /// Keys per KV tile.
+    /// Keys per KV tile: loaded together, one barrier per tile.
     pub kv_tile: u32,
+    /// Keys computed at a time within a tile (sets the S registers); divides `kv_tile`.
+    pub kv_sub: u32,
 }
 
 /// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
@@ -39,25 +41,29 @@ impl TileConfig {
         self.cta_q() * qk_row + 2 * self.kv_tile * (qk_row + vo_row)
     }
 
-    /// Name fragment, e.g. `w4q2kv64`.
+    /// Name fragment, e.g. `w4q2kv64` or, when computed in sub-tiles, `w4q2kv64s32`.
     pub fn label(self) -> String {
-        format!("w{}q{}kv{}", self.num_warps, self.mma_q, self.kv_tile)
+        let sub = if self.kv_sub == self.kv_tile { String::new() } else { format!("s{}", self.kv_sub) };
+        format!("w{}q{}kv{}{sub}", self.num_warps, self.mma_q, self.kv_tile)
     }
 
-    /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`).
+    /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`).
     pub fn parse(s: &str) -> Option<TileConfig> {
         let rest = s.strip_prefix('w')?;
         let (w, rest) = rest.split_once('q')?;
-        let (q, kv) = rest.split_once("kv")?;
+        let (q, rest) = rest.split_once("kv")?;
+        let (kv, sub) = rest.split_once('s').unwrap_or((rest, rest));
         let t = TileConfig {
             num_warps: w.parse().ok()?,
             mma_q: q.parse().ok()?,
             kv_tile: kv.parse().ok()?,
+            kv_sub: sub.parse().ok()?,
         };
         let valid = (1..=8).contains(&t.num_warps)
             && (1..=4).contains(&t.mma_q)
-            && t.kv_tile % 16 == 0
-            && t.kv_tile > 0;
+            && t.kv_sub % 16 == 0
+            && t.kv_sub > 0
+            && t.kv_tile % t.kv_sub == 0;
         valid.then_some(t)
     }
 
@@ -66,18 +72,19 @@ impl TileConfig {
     /// checks): `heavy` kernels (a custom mask or custom variant hooks) keep more values live per
     /// element and get the narrow tiles.
     pub fn candidates(dims: HeadDims, accum: QkAccum, heavy: bool) -> Vec<TileConfig> {
-        let tile = |mma_q, kv_tile| TileConfig {
+        let tile = |mma_q, kv_tile, kv_sub| TileConfig {
             num_warps: 4,
             mma_q,
             kv_tile,
+            kv_sub,
         };
         match (dims.qk(), accum, heavy) {
-            (64, _, _) => vec![tile(2, 64), tile(1, 64)],
-            (128, QkAccum::F32, false) => vec![tile(2, 32), tile(1, 64)],
-            (128, _, _) => vec![tile(1, 64)],
-            (192, _, _) => vec![tile(1, 32)],
-            (_, QkAccum::F32, _) => vec![tile(1, 32)],
-            (_, QkAccum::F16, _) => vec![tile(1, 16)],
+            (64, _, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
+            (128, QkAccum::F32, false) => vec![tile(2, 32, 32), tile(1, 64, 64)],
+            (128, _, _) => vec![tile(1, 64, 64)],
+            (192, _, _) => vec![tile(1, 32, 32)],
+            (_, QkAccum::F32, _) => vec![tile(1, 32, 32)],
+            (_, QkAccum::F16, _) => vec![tile(1, 16, 16)],
         }
     }
 
