@@ -43,7 +43,11 @@ impl TileConfig {
 
     /// Name fragment, e.g. `w4q2kv64` or, when computed in sub-tiles, `w4q2kv64s32`.
     pub fn label(self) -> String {
-        let sub = if self.kv_sub == self.kv_tile { String::new() } else { format!("s{}", self.kv_sub) };
+        let sub = if self.kv_sub == self.kv_tile {
+            String::new()
+        } else {
+            format!("s{}", self.kv_sub)
+        };
         format!("w{}q{}kv{}{sub}", self.num_warps, self.mma_q, self.kv_tile)
     }
 
@@ -80,11 +84,9 @@ impl TileConfig {
         };
         match (dims.qk(), accum, heavy) {
             (64, _, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (128, QkAccum::F32, false) => vec![tile(2, 32, 32), tile(1, 64, 64)],
-            (128, _, _) => vec![tile(1, 64, 64)],
+            (128, _, _) => vec![tile(2, 64, 32), tile(1, 64, 64)],
             (192, _, _) => vec![tile(1, 32, 32)],
-            (_, QkAccum::F32, _) => vec![tile(1, 32, 32)],
-            (_, QkAccum::F16, _) => vec![tile(1, 16, 16)],
+            _ => vec![tile(1, 32, 32)],
         }
     }
 

@@ -4,10 +4,10 @@
 
 mod backend;
 mod bench;
-mod demo;
-mod verify;
 mod compile;
+mod demo;
 mod info;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -1,0 +1,292 @@
+//! The kernel generator: rendered sources of the built-in variants, uniqueness of kernel names
+//! and sources across the compile matrix, sensitivity of the source (hence of the cache key) to
+//! every field of a spec, parameter layouts, and user snippet errors in the user's line numbers.
+
+mod jit_support;
+
+use attnforge::codegen::{
+    compile_matrix, render, sample_custom_variant_source, KernelSpec, TileConfig, VariantLayout,
+    VariantSpec,
+};
+use attnforge::jit::compile::compile;
+use attnforge::jit::{Arch, CompileOptions, JitError, KernelSource};
+use attnforge::problem::{CudaVariantSource, MaskKind, ParamType, ParamValue};
+use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch, Variant};
+use jit_support::nvrtc;
+use std::collections::HashSet;
+
+fn base() -> KernelSpec {
+    KernelSpec {
+        input_dtype: DType::F16,
+        output_dtype: DType::F16,
+        qk_accum: QkAccum::F32,
+        head_dims: HeadDims::equal(128).unwrap(),
+        mask: MaskKind::Causal,
+        variant: VariantSpec::None,
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, false)[0],
+    }
+}
+
+fn with_variant(variant: VariantSpec) -> String {
+    render(&KernelSpec { variant, ..base() }).source
+}
+
+#[test]
+fn built_in_variants_render_their_hooks() {
+    let none = with_variant(VariantSpec::None);
+    assert!(none.contains("constexpr bool VARIANT_HAS_TRANSFORM = false;"));
+    assert!(none.contains("constexpr bool VARIANT_HAS_SINK = false;"));
+
+    let softcap = with_variant(VariantSpec::SoftCap);
+    assert!(softcap.contains("constexpr bool VARIANT_HAS_TRANSFORM = true;"));
+    assert!(softcap.contains("params.soft_cap * tanh_accurate(s * params.inv_soft_cap)"));
+    assert!(softcap.contains("float soft_cap;") && softcap.contains("float inv_soft_cap;"));
+
+    let alibi = with_variant(VariantSpec::Alibi);
+    assert!(alibi.contains("const float* alibi_slopes;"));
+    assert!(alibi.contains("kv_idx - (qo_idx + kv_len - qo_len)"));
+
+    let sinks = with_variant(VariantSpec::Sinks);
+    assert!(sinks.contains("constexpr bool VARIANT_HAS_SINK = true;"));
+    assert!(sinks.contains("return params.sinks[qo_head];"));
+    assert!(sinks.contains("constexpr bool VARIANT_HAS_TRANSFORM = false;"));
+
+    // The transform always takes and returns float: the rule that makes an f16 accumulator
+    // reaching a variant impossible.
+    for src in [&none, &softcap, &alibi, &sinks] {
+        assert!(src.contains("float logits_transform(const VariantParams& params, float s,"));
+        assert!(
+            !src.contains("#include"),
+            "generated kernels include no toolkit header"
+        );
+    }
+}
+
+#[test]
+fn every_kernel_of_the_matrix_has_its_own_name_and_source() {
+    let matrix = compile_matrix();
+    assert!(matrix.len() > 100);
+    let mut names = HashSet::new();
+    let mut sources = HashSet::new();
+    for spec in &matrix {
+        let r = render(spec);
+        assert_eq!(r.entry, spec.name());
+        assert!(r.source.contains(&format!(
+            "{}(const __grid_constant__ PrefillParams params)",
+            r.entry
+        )));
+        assert!(
+            names.insert(r.name.clone()),
+            "two kernels share the name {}",
+            r.name
+        );
+        assert!(
+            sources.insert(r.source),
+            "two kernels share a source: {}",
+            r.name
+        );
+    }
+}
+
+#[test]
+fn every_code_changing_field_changes_the_source() {
+    let b = base();
+    let reference = render(&b).source;
+    let mut custom_edit = sample_custom_variant_source();
+    custom_edit.transform_body = "return s * params.temperature;".into();
+    let variants = [
+        KernelSpec {
+            input_dtype: DType::Bf16,
+            output_dtype: DType::Bf16,
+            ..b.clone()
+        },
+        KernelSpec {
+            output_dtype: DType::Bf16,
+            ..b.clone()
+        },
+        KernelSpec {
+            qk_accum: QkAccum::F16,
+            ..b.clone()
+        },
+        KernelSpec {
+            head_dims: HeadDims::equal(64).unwrap(),
+            ..b.clone()
+        },
+        KernelSpec {
+            head_dims: HeadDims::new(192, 128).unwrap(),
+            ..b.clone()
+        },
+        KernelSpec {
+            mask: MaskKind::SlidingWindow,
+            ..b.clone()
+        },
+        KernelSpec {
+            variant: VariantSpec::SoftCap,
+            ..b.clone()
+        },
+        KernelSpec {
+            tile: TileConfig::parse("w4q1kv64").unwrap(),
+            ..b.clone()
+        },
+        KernelSpec {
+            tile: TileConfig::parse("w4q2kv64").unwrap(),
+            ..b.clone()
+        },
+        KernelSpec {
+            variant: VariantSpec::Custom {
+                name: "x".into(),
+                source: sample_custom_variant_source(),
+            },
+            ..b.clone()
+        },
+    ];
+    let mut seen = HashSet::from([reference]);
+    for v in &variants {
+        assert!(
+            seen.insert(render(v).source),
+            "{} renders like another spec",
+            v.name()
+        );
+    }
+    // Two custom snippets with the same name are different kernels (the name is only a label).
+    let a = KernelSpec {
+        variant: VariantSpec::Custom {
+            name: "x".into(),
+            source: sample_custom_variant_source(),
+        },
+        ..b.clone()
+    };
+    let c = KernelSpec {
+        variant: VariantSpec::Custom {
+            name: "x".into(),
+            source: custom_edit,
+        },
+        ..b
+    };
+    assert_eq!(a.name(), c.name());
+    assert_ne!(render(&a).source, render(&c).source);
+}
+
+#[test]
+fn tiles_round_trip_through_their_labels() {
+    for label in ["w4q2kv64", "w4q2kv64s32", "w4q1kv32"] {
+        assert_eq!(TileConfig::parse(label).unwrap().label(), label);
+    }
+    for bad in ["", "w4", "w4q2kv60", "w4q2kv64s48", "w9q1kv64", "x4q1kv64"] {
+        assert!(TileConfig::parse(bad).is_none(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
+    let decl = vec![
+        ("a".to_string(), ParamType::F32),
+        ("p".to_string(), ParamType::F32Ptr),
+        ("b".to_string(), ParamType::I32),
+        ("q".to_string(), ParamType::I32Ptr),
+    ];
+    let layout = VariantLayout::new(&decl);
+    let offsets: Vec<usize> = layout.fields.iter().map(|f| f.2).collect();
+    assert_eq!(offsets, vec![16, 0, 20, 8]);
+    assert_eq!((layout.size, layout.align), (24, 8));
+    let bytes = layout.pack(
+        &[
+            ParamValue::F32(1.5),
+            ParamValue::F32Array(vec![]),
+            ParamValue::I32(-3),
+            ParamValue::I32Array(vec![]),
+        ],
+        &[0x1111, 0x2222],
+    );
+    assert_eq!(&bytes[0..8], &0x1111u64.to_le_bytes());
+    assert_eq!(&bytes[8..16], &0x2222u64.to_le_bytes());
+    assert_eq!(&bytes[16..20], &1.5f32.to_le_bytes());
+    assert_eq!(&bytes[20..24], &(-3i32).to_le_bytes());
+    // No parameters: one filler int (C++ structs are never empty).
+    assert_eq!(VariantLayout::new(&[]).size, 4);
+}
+
+#[test]
+fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
+    let dims = HeadDims::equal(64).unwrap();
+    let f32_problem = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F32);
+    match KernelSpec::for_problem(&f32_problem) {
+        Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("bf16")),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let cpu_only = attnforge::problem::CustomVariant {
+        name: "cpu_only".into(),
+        cpu_transform: std::sync::Arc::new(|s, _| s),
+        cpu_mask: None,
+        cuda: None,
+        param_values: vec![],
+    };
+    let p = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F16)
+        .with_variant(Variant::Custom(cpu_only));
+    assert!(matches!(
+        KernelSpec::for_problem(&p),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+fn compile_spec(spec: &KernelSpec, arch: Arch) -> Option<Result<(), JitError>> {
+    let nvrtc = nvrtc()?;
+    let r = render(spec);
+    let src = KernelSource {
+        name: &r.name,
+        entry: &r.entry,
+        source: &r.source,
+        snippets: &r.snippets,
+    };
+    Some(compile(&nvrtc, &src, &CompileOptions::new(arch)).map(|_| ()))
+}
+
+#[test]
+fn a_custom_variant_with_every_parameter_type_compiles() {
+    let source = CudaVariantSource {
+        transform_body:
+            "return s * params.a + params.p[qo_head] + float(params.b + params.q[kv_head]);".into(),
+        mask_body: Some("return kv_idx != params.b;".into()),
+        params: vec![
+            ("a".into(), ParamType::F32),
+            ("p".into(), ParamType::F32Ptr),
+            ("b".into(), ParamType::I32),
+            ("q".into(), ParamType::I32Ptr),
+        ],
+    };
+    let spec = KernelSpec {
+        variant: VariantSpec::Custom {
+            name: "mixed".into(),
+            source,
+        },
+        ..base()
+    };
+    if let Some(result) = compile_spec(&spec, Arch::Sm90a) {
+        result.expect("the generated layout checks hold");
+    }
+}
+
+#[test]
+fn a_snippet_syntax_error_is_reported_in_the_snippets_own_lines() {
+    let source = CudaVariantSource {
+        transform_body: "float t = s * 2.0f;\nreturn t +;\n".into(),
+        mask_body: None,
+        params: vec![],
+    };
+    let spec = KernelSpec {
+        variant: VariantSpec::Custom {
+            name: "broken".into(),
+            source,
+        },
+        ..base()
+    };
+    let Some(result) = compile_spec(&spec, Arch::Sm80) else {
+        return;
+    };
+    let err = result.expect_err("the snippet does not compile");
+    let text = err.to_string();
+    assert!(
+        text.contains("custom logits_transform") && text.contains("line 2"),
+        "{text}"
+    );
+}
