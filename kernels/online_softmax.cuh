@@ -2,7 +2,7 @@
 //
 // Each thread holds two rows per m16 tile (g and g + 8, g = lane / 4); the four threads of a quad
 // share a row. Logits arrive as x with -inf for masked keys; the base-2 logit is x * scale
-// (scale > 0 folds sm_scale and LOG2E, or is 1 when a transform already produced base-2 values),
+// (scale > 0 folds sm_scale and LOG2E, or is LOG2E when a transform produced natural logits),
 // so one FFMA per element forms the exponent. A row
 // that has seen only masked keys keeps max = -inf; its exponent offset is then taken as 0 so no
 // inf - inf ever forms: its p are exp2(-inf) = 0 and its sum stays 0.

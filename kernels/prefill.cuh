@@ -266,10 +266,31 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
   }
 }
 
-// One CTA: the whole KV range of one (request, query tile, KV head) work item.
+// Writes this thread's normalised O fragments (f32) and LSE of one KV chunk to the split-KV
+// workspace, slot (token, query head, chunk).
+__device__ __forceinline__ void store_partial(const PrefillParams& p, const RowCoords& rows, int qo_start, int chunk,
+                                              int lane, const float (&o)[MMA_Q][VO_NT][4], const float (&lse)[MMA_Q][2]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!rows.valid[mq][h]) continue;
+      const i64_t slot =
+          (static_cast<i64_t>(qo_start + rows.token[mq][h]) * p.num_qo_heads + rows.head[mq][h]) * p.max_chunks + chunk;
+      float* dst = p.partial_o + slot * spec::HEAD_DIM_VO + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < VO_NT; ++dt) {
+        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
+      }
+      if (lane % 4 == 0) p.partial_lse[slot] = lse[mq][h];
+    }
+}
+
+// One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
+// over one chunk of it when the plan splits the KV range.
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int4 work = p.work[blockIdx.x];  // (request, query tile, kv head, unused)
+  const int4 work = p.work[blockIdx.x];  // (request, query tile, kv head, kv chunk)
   const int request = work.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int qo_start = p.qo_indptr[request], kv_start = p.kv_indptr[request];
@@ -297,6 +318,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const int tok_hi = (min(tile.row0 + CTA_Q, tile.packed_len) - 1) / tile.group;
   int kv_lo, kv_hi;
   visible_key_range<spec::MASK_KIND>(m, tok_lo, tok_hi, kv_lo, kv_hi);
+  // Split KV: this CTA covers one chunk (its bounds are multiples of the KV tile).
+  const bool split = p.kv_chunk > 0;
+  if (split) {
+    const int chunk_lo = work.w * p.kv_chunk;
+    kv_lo = max(kv_lo, chunk_lo);
+    kv_hi = min(kv_hi, chunk_lo + p.kv_chunk);
+  }
   kv_lo = kv_lo / KV_TILE * KV_TILE;
   const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KV_TILE - 1) / KV_TILE : 0;
 
@@ -349,8 +377,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     load_k(0);  // Q, K_0 and V_0: the first tile's groups
     load_v(0);
   }
-  // Logits arrive raw (the scale is folded into the exponent) unless a transform ran.
-  const float softmax_scale = VARIANT_HAS_TRANSFORM ? 1.0f : p.scale_log2;
+  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<0>();  // K_t and V_t (and Q, with the first tile) have landed
     if constexpr (spec::QK_F16_ACCUM) {
@@ -392,10 +420,16 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     for (int h = 0; h < 2; ++h)
       sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
   float lse[MMA_Q][2];
+  if (split) {
+    // A chunk's partial result leaves the sink out: the merge adds it once.
+    softmax.finish<false>(o, sink_log2, lse);
+    store_partial(p, rows, qo_start, work.w, lane, o, lse);
+    return;
+  }
   softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-  // The Q tile becomes the output staging area. Its reads all happened before the last tile's
-  // second barrier (no copy is in flight: every group was waited for, or none was issued).
-  __syncwarp();
+  // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
+  // copy is in flight: the last tile's groups were waited for, later ones are empty).
+  __syncthreads();
   store_output(p, tile, rows, qo_start, warp_row0, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
 }
 

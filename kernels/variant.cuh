@@ -15,13 +15,13 @@
 // This file turns the hooks into the base-2 logits the online softmax works with.
 // Requires: common.cuh and the rendered variant.
 
-// Logit of one element in the units the online softmax takes: with a transform, the base-2
-// logit LOG2E * transform(post_scale * acc); without one, the raw accumulator (the softmax folds
-// post_scale * LOG2E into its exponent, one FFMA per element).
+// Logit of one element in the units the online softmax takes; the softmax multiplies by its
+// scale inside the exponent's FFMA. With a transform: the natural logit transform(post_scale *
+// acc) (softmax scale LOG2E); without one: the raw accumulator (softmax scale post_scale * LOG2E).
 __device__ __forceinline__ float variant_logit(const VariantParams& params, float acc, float post_scale, int qo_idx,
                                                int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len) {
   if constexpr (VARIANT_HAS_TRANSFORM) {
-    return LOG2E * logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+    return logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else {
     return acc;
   }

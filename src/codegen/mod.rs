@@ -12,7 +12,7 @@ mod tile;
 mod variant;
 
 pub use params::{ParamBlockLayout, PrefillParams, VariantLayout};
-pub use render::{render, RenderedKernel};
+pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
 pub use spec::{heavy, KernelSpec, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};

@@ -57,6 +57,11 @@ kernel_params! {
         custom_mask: u64 => "const unsigned char*",
         /// Byte offset of each request's mask segment or null.
         mask_indptr: u64 => "const long long*",
+        /// Split-KV workspace: per (token, query head, chunk) the chunk's normalised output
+        /// (`head_dim_vo` floats); null when the KV range is not split.
+        partial_o: u64 => "float*",
+        /// Split-KV workspace: per (token, query head, chunk) the chunk's natural-log LSE.
+        partial_lse: u64 => "float*",
         /// Q token stride.
         q_stride_token: i64 => "long long",
         /// Q head stride.
@@ -85,6 +90,15 @@ kernel_params! {
         post_scale: f32 => "float",
         /// `post_scale * LOG2E`, used when the variant has no transform.
         scale_log2: f32 => "float",
+        /// Keys per KV chunk when the KV range is split across CTAs (a multiple of the KV
+        /// tile), 0 when it is not.
+        kv_chunk: i32 => "int",
+        /// Chunk slots per (token, query head) in the workspace.
+        max_chunks: i32 => "int",
+        /// Query tokens of the batch (rows of the merge).
+        total_qo: i32 => "int",
+        /// Requests in the batch.
+        batch_size: i32 => "int",
     }
 }
 

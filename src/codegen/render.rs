@@ -24,14 +24,26 @@ const ONLINE_SOFTMAX: (&str, &str) = (
 );
 const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
 const PREFILL: (&str, &str) = ("prefill.cuh", include_str!("../../kernels/prefill.cuh"));
+const MERGE_STATE: (&str, &str) = (
+    "merge_state.cuh",
+    include_str!("../../kernels/merge_state.cuh"),
+);
+
+/// Threads per CTA of the merge kernel.
+pub const MERGE_THREADS: u32 = 128;
+/// (token, query head) rows merged per CTA: one per warp.
+pub const MERGE_ROWS_PER_CTA: u32 = MERGE_THREADS / 32;
 
 /// A rendered kernel: what the JIT compiles and what the launcher needs to run it.
 #[derive(Clone, Debug)]
 pub struct RenderedKernel {
     /// Complete CUDA source; includes no toolkit header.
     pub source: String,
-    /// The `extern "C"` entry point.
+    /// The `extern "C"` entry point of the prefill kernel.
     pub entry: String,
+    /// The entry point of the split-KV merge kernel (same module, same parameter block; one
+    /// warp per (token, query head), [`MERGE_ROWS_PER_CTA`] per CTA of [`MERGE_THREADS`]).
+    pub merge_entry: String,
     /// Readable name (equal to the entry name).
     pub name: String,
     /// File name the generated source's `#line` directives use.
@@ -119,16 +131,22 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, ONLINE_SOFTMAX);
     template(&mut out, VARIANT);
     template(&mut out, PREFILL);
+    template(&mut out, MERGE_STATE);
+    let merge_entry = format!("{name}_merge");
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
         out,
         "static_assert(prefill::SMEM_BYTES == spec::SMEM_BYTES, \"shared memory size agrees with the host\");\n\
+         static_assert(merge::NUM_THREADS == {MERGE_THREADS} && merge::WARPS == {MERGE_ROWS_PER_CTA}, \"merge launch shape\");\n\
          extern \"C\" __global__ void __launch_bounds__(prefill::NUM_THREADS)\n\
-         {name}(const __grid_constant__ PrefillParams params) {{\n  prefill::run_cta(params);\n}}"
+         {name}(const __grid_constant__ PrefillParams params) {{\n  prefill::run_cta(params);\n}}\n\
+         extern \"C\" __global__ void __launch_bounds__(merge::NUM_THREADS)\n\
+         {merge_entry}(const __grid_constant__ PrefillParams params) {{\n  merge::run(params);\n}}"
     );
     RenderedKernel {
         source: out,
         entry: name.clone(),
+        merge_entry,
         name,
         file_name,
         allow_spill: TileConfig::spill_allowance(spec.head_dims, spec.qk_accum, spec.is_heavy())

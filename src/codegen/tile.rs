@@ -85,7 +85,7 @@ impl TileConfig {
         match (dims.qk(), accum, heavy) {
             (64, _, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
             (128, _, _) => vec![tile(2, 64, 32), tile(1, 64, 64)],
-            (192, _, _) => vec![tile(1, 32, 32)],
+            (192, _, _) => vec![tile(1, 64, 32)],
             _ => vec![tile(1, 32, 32)],
         }
     }

@@ -24,8 +24,10 @@ const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 /// A kernel loaded on the device, with what launching it needs.
 #[derive(Debug)]
 pub struct LoadedKernel {
-    /// Entry point.
+    /// Entry point of the prefill kernel.
     pub function: CudaFunction,
+    /// Entry point of its split-KV merge kernel (same module).
+    pub merge: CudaFunction,
     /// Keeps the module alive as long as the function.
     _module: Arc<CudaModule>,
     /// Readable name.
@@ -143,8 +145,12 @@ impl Engine {
                     kernel.name
                 ))?;
         }
+        let merge = module
+            .load_function(&kernel.merge_entry)
+            .during(format!("finding {}", kernel.merge_entry))?;
         let k = Arc::new(LoadedKernel {
             function,
+            merge,
             _module: module,
             name: kernel.name.clone(),
             threads: kernel.threads,

@@ -19,4 +19,4 @@ pub use device::{driver_present, DeviceInfo};
 pub use engine::{Engine, LoadedKernel};
 pub use error::CudaError;
 pub use prefill::PrefillPlan;
-pub use schedule::{prefill_work, WorkItem};
+pub use schedule::{choose_kv_split, prefill_work, KvSplit, WorkItem, CTAS_PER_SM};

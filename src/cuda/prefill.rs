@@ -10,8 +10,10 @@
 use super::buffers::DeviceTensor;
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
-use super::schedule::prefill_work;
-use crate::codegen::{self, KernelSpec, ParamBlockLayout, PrefillParams, TileConfig};
+use super::schedule::{choose_kv_split, prefill_work, KvSplit};
+use crate::codegen::{
+    self, KernelSpec, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA, MERGE_THREADS,
+};
 use crate::dtype::DType;
 use crate::problem::{AttentionProblem, Mask, ParamValue};
 use crate::tensor::HostTensor;
@@ -23,6 +25,12 @@ use std::sync::Arc;
 /// log2(e), folded into the scale when the variant has no transform.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
+/// Per-chunk partial results of a split KV range, merged by the merge kernel.
+struct Workspace {
+    o: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
+}
+
 /// A prefill problem prepared for one engine.
 pub struct PrefillPlan {
     problem: AttentionProblem,
@@ -30,6 +38,8 @@ pub struct PrefillPlan {
     kernel: Arc<LoadedKernel>,
     layout: ParamBlockLayout,
     num_work: u32,
+    split: Option<KvSplit>,
+    workspace: Option<Workspace>,
     work: CudaSlice<i32>,
     qo_indptr: CudaSlice<i32>,
     kv_indptr: CudaSlice<i32>,
@@ -98,10 +108,28 @@ impl PrefillPlan {
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
 
-        let work: Vec<i32> = prefill_work(problem, spec.tile.cta_q() as usize)
+        let cta_q = spec.tile.cta_q() as usize;
+        let sm_count = engine.info().sm_count as usize;
+        let split = choose_kv_split(problem, cta_q, spec.tile.kv_tile as usize, sm_count);
+        let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref())
             .into_iter()
             .flatten()
             .collect();
+        let workspace = match &split {
+            Some(s) => {
+                let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
+                let stream = engine.stream();
+                Some(Workspace {
+                    o: stream
+                        .alloc_zeros::<f32>(rows * problem.head_dims.vo())
+                        .during("allocating the split-KV workspace")?,
+                    lse: stream
+                        .alloc_zeros::<f32>(rows)
+                        .during("allocating the split-KV workspace")?,
+                })
+            }
+            None => None,
+        };
         let num_work = (work.len() / 4) as u32;
         let custom_mask = match &problem.mask {
             Mask::Custom(m) => {
@@ -134,6 +162,8 @@ impl PrefillPlan {
             kernel,
             layout: rendered.params,
             num_work,
+            split,
+            workspace,
             work: upload(engine, &work, "work list")?,
             qo_indptr: upload(engine, &problem.batch.qo_indptr, "qo_indptr")?,
             kv_indptr: upload(engine, &problem.batch.kv_indptr, "kv_indptr")?,
@@ -153,9 +183,14 @@ impl PrefillPlan {
         &self.problem
     }
 
-    /// CTAs per launch.
+    /// CTAs per launch of the prefill kernel.
     pub fn num_ctas(&self) -> u32 {
         self.num_work
+    }
+
+    /// How the KV range is split across CTAs, if it is.
+    pub fn kv_split(&self) -> Option<KvSplit> {
+        self.split
     }
 
     fn check(
@@ -268,6 +303,12 @@ impl PrefillPlan {
             q_prescale: scaling.prescale,
             post_scale: scaling.post_scale,
             scale_log2: scaling.post_scale * LOG2E,
+            partial_o: self.workspace.as_ref().map_or(0, |w| w.o.device_ptr(stream).0),
+            partial_lse: self.workspace.as_ref().map_or(0, |w| w.lse.device_ptr(stream).0),
+            kv_chunk: self.split.map_or(0, |s| s.chunk as i32),
+            max_chunks: self.split.map_or(0, |s| s.max_chunks as i32),
+            total_qo: qo as i32,
+            batch_size: p.batch.len() as i32,
         };
         let array_ptrs: Vec<u64> = self
             .variant_arrays
@@ -296,6 +337,25 @@ impl PrefillPlan {
             kernel: f.name.clone(),
             source,
         })?;
+        if self.split.is_some() {
+            let rows = (qo * p.num_qo_heads) as u32;
+            // SAFETY: as above; the merge kernel reads the workspace the prefill kernel wrote
+            // (same stream, so in order) and writes O and the LSE.
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.merge.cu_function(),
+                    (rows.div_ceil(MERGE_ROWS_PER_CTA), 1, 1),
+                    (MERGE_THREADS, 1, 1),
+                    0,
+                    stream.cu_stream(),
+                    &mut args,
+                )
+            }
+            .map_err(|source| CudaError::Launch {
+                kernel: format!("{} (merge)", f.name),
+                source,
+            })?;
+        }
         Ok(())
     }
 }

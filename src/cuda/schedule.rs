@@ -1,43 +1,105 @@
 //! The prefill work list: which CTA computes which (request, query tile, KV head).
 //!
 //! Pure host logic (no GPU): one work item per query tile of `CTA_Q` packed rows (query tokens x
-//! the query heads of one KV head) per KV head per request. Items are ordered by their estimated
-//! cost, longest first, so that a skewed batch (or the long last tiles of a causal mask) starts
-//! early and the short ones fill the gaps at the end.
+//! the query heads of one KV head) per KV head per request, and per KV chunk when the KV range is
+//! split (short queries over long KV: chunked prefill, append, decode-like batches), so that the
+//! grid fills every SM. Items are ordered by their estimated cost, longest first, so that a
+//! skewed batch (or the long last tiles of a causal mask) starts early and the short ones fill
+//! the gaps at the end.
 
 use crate::problem::{AttentionProblem, Mask};
 
-/// One CTA's work: request, query tile, KV head, and a fourth field kept 0 (the KV chunk of a
-/// split, reserved).
+/// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split).
 pub type WorkItem = [i32; 4];
 
-/// Keys a query tile must visit under the mask: the cost estimate used for ordering.
-fn visible_keys(mask: &Mask, qo_len: usize, kv_len: usize, tok_lo: usize, tok_hi: usize) -> usize {
+/// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
+/// share of the merge).
+const MIN_CHUNK_KEYS: usize = 256;
+/// Prefill CTAs one SM holds at once (registers and shared memory allow two).
+pub const CTAS_PER_SM: usize = 2;
+
+/// How the KV range of every request is cut: chunks of `chunk` keys, at most `max_chunks` per
+/// request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSplit {
+    /// Keys per chunk, a multiple of the KV tile.
+    pub chunk: usize,
+    /// The largest number of chunks of one request (workspace slots per row).
+    pub max_chunks: usize,
+}
+
+impl KvSplit {
+    /// Chunks of a request with `kv_len` keys (one, possibly empty, when it has none); the merge
+    /// kernel counts the same way.
+    pub fn chunks(&self, kv_len: usize) -> usize {
+        kv_len.div_ceil(self.chunk).max(1)
+    }
+}
+
+/// Key range `[lo, hi)` the tokens `[tok_lo, tok_hi]` of a request can see under the mask.
+fn visible_range(mask: &Mask, qo_len: usize, kv_len: usize, tok_lo: usize, tok_hi: usize) -> (usize, usize) {
     let d = kv_len as i64 - qo_len as i64;
-    let hi = |tok: usize| (tok as i64 + d + 1).clamp(0, kv_len as i64) as usize;
+    let clamp = |x: i64| x.clamp(0, kv_len as i64) as usize;
     match mask {
-        Mask::None | Mask::Custom(_) => kv_len,
-        Mask::Causal => hi(tok_hi),
+        Mask::None | Mask::Custom(_) => (0, kv_len),
+        Mask::Causal => (0, clamp(tok_hi as i64 + d + 1)),
         Mask::SlidingWindow { window_left } => {
-            let lo = (tok_lo as i64 + d - window_left).clamp(0, kv_len as i64) as usize;
-            hi(tok_hi).saturating_sub(lo)
+            let hi = clamp(tok_hi as i64 + d + 1);
+            (clamp(tok_lo as i64 + d - window_left).min(hi), hi)
         }
     }
 }
 
-/// The work items of `problem` with `cta_q` packed rows per CTA, longest first.
-pub fn prefill_work(problem: &AttentionProblem, cta_q: usize) -> Vec<WorkItem> {
+/// Query tiles of each request: `(request, tile, tok_lo, tok_hi)`.
+fn query_tiles(problem: &AttentionProblem, cta_q: usize) -> Vec<(usize, usize, usize, usize)> {
     let group = problem.group_size();
-    let mut items: Vec<(usize, WorkItem)> = Vec::new();
+    let mut tiles = Vec::new();
     for r in 0..problem.batch.len() {
-        let (_, qo_len, _, kv_len) = problem.batch.request(r);
-        let packed = qo_len * group;
+        let packed = problem.batch.request(r).1 * group;
         for tile in 0..packed.div_ceil(cta_q) {
             let tok_lo = tile * cta_q / group;
             let tok_hi = ((tile + 1) * cta_q).min(packed).saturating_sub(1) / group;
-            let cost = visible_keys(&problem.mask, qo_len, kv_len, tok_lo, tok_hi);
+            tiles.push((r, tile, tok_lo, tok_hi));
+        }
+    }
+    tiles
+}
+
+/// Whether to split the KV range, and how: only when the unsplit grid would leave SMs idle
+/// (fewer CTAs than `sm_count * CTAS_PER_SM`) and the longest request has keys enough to cut.
+pub fn choose_kv_split(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    kv_tile: usize,
+    sm_count: usize,
+) -> Option<KvSplit> {
+    let items = query_tiles(problem, cta_q).len() * problem.num_kv_heads;
+    let target = sm_count * CTAS_PER_SM;
+    let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
+    if items == 0 || items >= target {
+        return None;
+    }
+    let pieces = target.div_ceil(items);
+    let chunk = max_kv.div_ceil(pieces).next_multiple_of(kv_tile).max(MIN_CHUNK_KEYS.next_multiple_of(kv_tile));
+    (chunk < max_kv).then(|| KvSplit { chunk, max_chunks: max_kv.div_ceil(chunk) })
+}
+
+/// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`),
+/// longest first.
+pub fn prefill_work(problem: &AttentionProblem, cta_q: usize, split: Option<&KvSplit>) -> Vec<WorkItem> {
+    let mut items: Vec<(usize, WorkItem)> = Vec::new();
+    for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
+        let (_, qo_len, _, kv_len) = problem.batch.request(r);
+        let (lo, hi) = visible_range(&problem.mask, qo_len, kv_len, tok_lo, tok_hi);
+        let chunks = split.map_or(1, |s| s.chunks(kv_len));
+        for chunk in 0..chunks {
+            let (c_lo, c_hi) = match split {
+                Some(s) => (chunk * s.chunk, (chunk + 1) * s.chunk),
+                None => (0, kv_len),
+            };
+            let cost = hi.min(c_hi).saturating_sub(lo.max(c_lo));
             for kv_head in 0..problem.num_kv_heads {
-                items.push((cost, [r as i32, tile as i32, kv_head as i32, 0]));
+                items.push((cost, [r as i32, tile as i32, kv_head as i32, chunk as i32]));
             }
         }
     }
@@ -67,7 +129,7 @@ mod tests {
     #[test]
     fn every_tile_and_head_appears_once() {
         let p = problem(&[(1, 5), (200, 300), (0, 7), (64, 64)], 8, 2, Mask::None);
-        let work = prefill_work(&p, 128);
+        let work = prefill_work(&p, 128, None);
         // Packed rows per request: 4, 800, 0, 256 -> tiles 1, 7, 0, 2; times 2 KV heads.
         assert_eq!(work.len(), (1 + 7 + 2) * 2);
         let mut seen = std::collections::HashSet::new();
@@ -82,9 +144,30 @@ mod tests {
     }
 
     #[test]
+    fn short_queries_over_long_keys_are_split_and_long_prefills_are_not() {
+        let append = problem(&[(17, 4096)], 8, 2, Mask::Causal);
+        let split = choose_kv_split(&append, 64, 64, 132).expect("2 CTAs cannot fill 132 SMs");
+        assert_eq!(split.chunk % 64, 0);
+        assert!(split.chunk >= 256 && split.max_chunks == 4096usize.div_ceil(split.chunk));
+        let work = prefill_work(&append, 64, Some(&split));
+        // 17 tokens x group 4 = 68 packed rows: 2 query tiles, each over every chunk, 2 KV heads.
+        assert_eq!(work.len(), 2 * split.max_chunks * 2);
+        let long = problem(&[(4096, 4096)], 32, 8, Mask::Causal);
+        assert_eq!(choose_kv_split(&long, 128, 64, 132), None);
+        let short_kv = problem(&[(1, 200)], 8, 8, Mask::None);
+        assert_eq!(choose_kv_split(&short_kv, 64, 64, 132), None, "nothing worth cutting");
+    }
+
+    #[test]
+    fn a_request_without_keys_keeps_one_chunk() {
+        let s = KvSplit { chunk: 256, max_chunks: 4 };
+        assert_eq!((s.chunks(0), s.chunks(1), s.chunks(256), s.chunks(257)), (1, 1, 1, 2));
+    }
+
+    #[test]
     fn causal_orders_longest_tiles_first() {
         let p = problem(&[(1024, 1024)], 4, 4, Mask::Causal);
-        let work = prefill_work(&p, 128);
+        let work = prefill_work(&p, 128, None);
         let tiles: Vec<i32> = work.iter().map(|w| w[1]).collect();
         assert_eq!(tiles.first(), Some(&7));
         assert_eq!(tiles.last(), Some(&0));

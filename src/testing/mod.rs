@@ -151,7 +151,7 @@ pub fn cases(suite: Suite, base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
         .filter_map(|p| fit(p, &batches, caps))
         .map(|p| (p, 1.0, None))
         .chain(
-            targeted(caps)
+            targeted(caps, suite == Suite::Full)
                 .into_iter()
                 .filter(|(p, _, _)| work(&p.lens, p.heads.0, p.head_dims) <= caps.max_work)
                 .map(|(p, scale, tag)| (p, scale, Some(tag))),
@@ -238,8 +238,8 @@ fn dims(qk: usize, vo: usize) -> Option<HeadDims> {
     HeadDims::new(qk, vo).ok()
 }
 
-/// The targeted cases, their Q/K scales and name tags.
-fn targeted(caps: &BackendCaps) -> Vec<(Point, f64, &'static str)> {
+/// The targeted cases, their Q/K scales and name tags; `long_prefills` adds the long ones.
+fn targeted(caps: &BackendCaps, long_prefills: bool) -> Vec<(Point, f64, &'static str)> {
     let f16_qk16 = DtypeConfig {
         dtype: DType::F16,
         accum: QkAccum::F16,
@@ -356,7 +356,84 @@ fn targeted(caps: &BackendCaps) -> Vec<(Point, f64, &'static str)> {
             1.0,
             "empty-requests",
         ),
+        // Short queries over long keys (chunked prefill, append): GPU plans split the KV range
+        // across CTAs and merge; sinks then join only in the merge.
+        (
+            point(
+                f16,
+                dims(128, 128),
+                MaskSpec::Causal,
+                VariantSpec::Sinks,
+                (8, 2),
+                &[(17, 4096)],
+            ),
+            1.0,
+            "short-queries-long-keys",
+        ),
+        (
+            point(
+                bf16,
+                dims(256, 256),
+                MaskSpec::None,
+                VariantSpec::SoftCap(50.0),
+                (4, 4),
+                &[(1, 1000), (5, 4096), (3, 129)],
+            ),
+            1.0,
+            "short-queries-long-keys",
+        ),
+        (
+            point(
+                f16_qk16,
+                dims(192, 128),
+                MaskSpec::Window(700),
+                VariantSpec::Alibi,
+                (7, 1),
+                &[(1, 4096), (64, 1000)],
+            ),
+            1.0,
+            "short-queries-long-keys",
+        ),
+        (
+            point(
+                f16,
+                dims(64, 64),
+                MaskSpec::Custom,
+                VariantSpec::Custom,
+                (4, 1),
+                &[(9, 2048), (0, 300)],
+            ),
+            1.0,
+            "short-queries-long-keys",
+        ),
     ];
+    if long_prefills {
+        // Long prefills (compared on sampled rows): lengths 1000 and 4096 with GQA.
+        list.push((
+            point(
+                f16,
+                dims(128, 128),
+                MaskSpec::Causal,
+                VariantSpec::None,
+                (32, 8),
+                &[(1000, 1000), (129, 4096)],
+            ),
+            1.0,
+            "long-prefill",
+        ));
+        list.push((
+            point(
+                bf16,
+                dims(64, 64),
+                MaskSpec::None,
+                VariantSpec::SoftCap(50.0),
+                (8, 1),
+                &[(4096, 4096)],
+            ),
+            1.0,
+            "long-prefill",
+        ));
+    }
     if !caps.custom_needs_cuda {
         list.push((
             point(

@@ -1,0 +1,83 @@
+// merge_state.cuh — combine the per-chunk results of a split KV range into the final output.
+//
+// When the planner splits each request's keys into chunks of `kv_chunk` keys, every prefill CTA
+// writes, per (token, query head), its chunk's normalised output and natural-log LSE (sinks left
+// out) into the workspace. One warp per (token, query head) then merges them exactly as
+// `merge_state` in the reference does: lse = log(sum_c exp(lse_c)), o = sum_c exp(lse_c - lse) o_c;
+// a row whose chunks all saw no key gets o = 0 and lse = -inf. The sink, if any, joins the
+// denominator once, here: lse' = log(exp(lse) + exp(sink)), o' = o * exp(lse - lse').
+// Requires: common.cuh, the spec constants, the rendered variant (sink_logit) and PrefillParams.
+
+namespace merge {
+
+constexpr int WARPS = 4;
+constexpr int NUM_THREADS = WARPS * 32;
+constexpr int ELEMS = spec::HEAD_DIM_VO / 32;  // output elements per lane
+static_assert(spec::HEAD_DIM_VO % 64 == 0, "each lane merges an even number of elements");
+
+// Chunks of a request with kv_len keys; a request without keys still has one (empty) chunk.
+__device__ __forceinline__ int chunk_count(int kv_len, int kv_chunk) {
+  return kv_len > 0 ? (kv_len + kv_chunk - 1) / kv_chunk : 1;
+}
+
+// The request holding query token `token`: the last r with qo_indptr[r] <= token.
+__device__ __forceinline__ int request_of(const int* qo_indptr, int batch, int token) {
+  int lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (qo_indptr[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void run(const PrefillParams& p) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * WARPS + threadIdx.x / 32;  // token * num_qo_heads + head
+  if (row >= p.total_qo * p.num_qo_heads) return;
+  const int token = row / p.num_qo_heads, head = row - token * p.num_qo_heads;
+  const int r = request_of(p.qo_indptr, p.batch_size, token);
+  const int chunks = chunk_count(p.kv_indptr[r + 1] - p.kv_indptr[r], p.kv_chunk);
+  const i64_t slot0 = static_cast<i64_t>(row) * p.max_chunks;
+
+  float mx = neg_inf();
+  for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, p.partial_lse[slot0 + c]);
+  float sum = 0.0f;
+  float acc[ELEMS];
+#pragma unroll
+  for (int e = 0; e < ELEMS; ++e) acc[e] = 0.0f;
+  if (mx != neg_inf()) {
+    for (int c = 0; c < chunks; ++c) {
+      const float w = exp2_approx((p.partial_lse[slot0 + c] - mx) * LOG2E);
+      const float* src = p.partial_o + (slot0 + c) * spec::HEAD_DIM_VO + lane * ELEMS;
+      sum += w;
+#pragma unroll
+      for (int e = 0; e < ELEMS; e += 2) {
+        const float2 x = *reinterpret_cast<const float2*>(src + e);
+        acc[e] = fmaf(w, x.x, acc[e]);
+        acc[e + 1] = fmaf(w, x.y, acc[e + 1]);
+      }
+    }
+  }
+  // Natural-log LSE over the keys; the sink (if any) joins the denominator once.
+  float lse = sum > 0.0f ? mx + log2_approx(sum) * LN2 : neg_inf();
+  float scale = sum > 0.0f ? 1.0f / sum : 0.0f;
+  if constexpr (VARIANT_HAS_SINK) {
+    const float sink = sink_logit(p.variant, head);
+    const float top = fmaxf(lse, sink);
+    const float with_sink = top + log2_approx(exp2_approx((lse - top) * LOG2E) + exp2_approx((sink - top) * LOG2E)) * LN2;
+    scale *= exp2_approx((lse - with_sink) * LOG2E);
+    lse = with_sink;
+  }
+  spec::DTypeOut* dst = static_cast<spec::DTypeOut*>(p.o) + token * p.o_stride_token + head * p.o_stride_head + lane * ELEMS;
+#pragma unroll
+  for (int e = 0; e < ELEMS; e += 2) {
+    *reinterpret_cast<u32_t*>(dst + e) = DTypeTraits<spec::DTypeOut>::pack2(acc[e] * scale, acc[e + 1] * scale);
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+}
+
+}  // namespace merge
