@@ -48,8 +48,8 @@ pub struct RenderedKernel {
     pub name: String,
     /// File name the generated source's `#line` directives use.
     pub file_name: String,
-    /// Whether register spills are acceptable for this kernel ([`TileConfig::spill_allowance`]).
-    pub allow_spill: bool,
+    /// Register spill bytes this kernel is declared to allow ([`TileConfig::SPILL_BUDGET_BYTES`]).
+    pub spill_budget_bytes: u32,
     /// Where the variant's snippets sit in `source`.
     pub snippets: Vec<SnippetSpan>,
     /// Threads per CTA.
@@ -149,8 +149,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         merge_entry,
         name,
         file_name,
-        allow_spill: TileConfig::spill_allowance(spec.head_dims, spec.qk_accum, spec.is_heavy())
-            .is_some(),
+        spill_budget_bytes: TileConfig::SPILL_BUDGET_BYTES,
         snippets,
         threads: spec.tile.threads(),
         smem_bytes,
