@@ -35,3 +35,8 @@ pub use error::{Error, Result};
 pub use output::AttentionOutput;
 pub use problem::{AttentionProblem, HeadDims, Mask, QkAccum, RaggedBatch, Variant};
 pub use tensor::HostTensor;
+
+/// The README's examples, compiled as doctests so they cannot drift from the API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
