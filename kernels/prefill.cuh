@@ -40,15 +40,12 @@ struct RowCoords {
   bool valid[MMA_Q][2];
 };
 
-// S = Q K^T for this warp's rows over one KV tile, f32 accumulators.
-__device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
-                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int nt = 0; nt < KV_NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
+// S = Q K^T for this warp's rows over one KV sub-tile: the fragment loads both accumulator types
+// share. `mma(acc, a, b0, b1)` accumulates one m16n8k16 product into `acc` (float[4] or the two
+// f16x2 registers of an f16 accumulator), which the caller has zeroed.
+template <typename Acc, typename Mma>
+__device__ __forceinline__ void qk_tiles(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
+                                         int lane, Acc (&acc)[MMA_Q][KV_NT], Mma mma) {
 #pragma unroll
   for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
     u32_t a[MMA_Q][4];
@@ -61,11 +58,24 @@ __device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemT
       ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
-        mma_f32acc<DTypeIn>(s[mq][2 * nb], a[mq], b[0], b[1]);
-        mma_f32acc<DTypeIn>(s[mq][2 * nb + 1], a[mq], b[2], b[3]);
+        mma(acc[mq][2 * nb], a[mq], b[0], b[1]);
+        mma(acc[mq][2 * nb + 1], a[mq], b[2], b[3]);
       }
     }
   }
+}
+
+// S = Q K^T with f32 accumulators.
+__device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
+                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
+  qk_tiles(q, k, warp_row0, lane, s,
+           [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
 }
 
 // f32-accumulated dot product of row `qa` of `a` and row `kb` of `b` (f16 elements), read
@@ -97,23 +107,8 @@ __device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemT
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) acc[mq][nt][0] = acc[mq][nt][1] = 0u;
-#pragma unroll
-  for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-    u32_t a[MMA_Q][4];
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq)
-      ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-    for (int nb = 0; nb < KV_SUB / 16; ++nb) {
-      u32_t b[4];
-      ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
-#pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq) {
-        mma_f16acc(acc[mq][2 * nb], a[mq], b[0], b[1]);
-        mma_f16acc(acc[mq][2 * nb + 1], a[mq], b[2], b[3]);
-      }
-    }
-  }
+  qk_tiles(q, k, warp_row0, lane, acc,
+           [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
   bool overflow = false;
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
