@@ -12,7 +12,8 @@ use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
 use super::schedule::{choose_kv_split, prefill_work, KvSplit};
 use crate::codegen::{
-    self, KernelSpec, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA, MERGE_THREADS,
+    self, KernelSpec, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
+    MERGE_THREADS,
 };
 use crate::dtype::DType;
 use crate::problem::{AttentionProblem, Mask, ParamValue};
@@ -303,8 +304,14 @@ impl PrefillPlan {
             q_prescale: scaling.prescale,
             post_scale: scaling.post_scale,
             scale_log2: scaling.post_scale * LOG2E,
-            partial_o: self.workspace.as_ref().map_or(0, |w| w.o.device_ptr(stream).0),
-            partial_lse: self.workspace.as_ref().map_or(0, |w| w.lse.device_ptr(stream).0),
+            partial_o: self
+                .workspace
+                .as_ref()
+                .map_or(0, |w| w.o.device_ptr(stream).0),
+            partial_lse: self
+                .workspace
+                .as_ref()
+                .map_or(0, |w| w.lse.device_ptr(stream).0),
             kv_chunk: self.split.map_or(0, |s| s.chunk as i32),
             max_chunks: self.split.map_or(0, |s| s.max_chunks as i32),
             total_qo: qo as i32,

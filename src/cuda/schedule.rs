@@ -37,7 +37,13 @@ impl KvSplit {
 }
 
 /// Key range `[lo, hi)` the tokens `[tok_lo, tok_hi]` of a request can see under the mask.
-fn visible_range(mask: &Mask, qo_len: usize, kv_len: usize, tok_lo: usize, tok_hi: usize) -> (usize, usize) {
+fn visible_range(
+    mask: &Mask,
+    qo_len: usize,
+    kv_len: usize,
+    tok_lo: usize,
+    tok_hi: usize,
+) -> (usize, usize) {
     let d = kv_len as i64 - qo_len as i64;
     let clamp = |x: i64| x.clamp(0, kv_len as i64) as usize;
     match mask {
@@ -80,13 +86,23 @@ pub fn choose_kv_split(
         return None;
     }
     let pieces = target.div_ceil(items);
-    let chunk = max_kv.div_ceil(pieces).next_multiple_of(kv_tile).max(MIN_CHUNK_KEYS.next_multiple_of(kv_tile));
-    (chunk < max_kv).then(|| KvSplit { chunk, max_chunks: max_kv.div_ceil(chunk) })
+    let chunk = max_kv
+        .div_ceil(pieces)
+        .next_multiple_of(kv_tile)
+        .max(MIN_CHUNK_KEYS.next_multiple_of(kv_tile));
+    (chunk < max_kv).then(|| KvSplit {
+        chunk,
+        max_chunks: max_kv.div_ceil(chunk),
+    })
 }
 
 /// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`),
 /// longest first.
-pub fn prefill_work(problem: &AttentionProblem, cta_q: usize, split: Option<&KvSplit>) -> Vec<WorkItem> {
+pub fn prefill_work(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    split: Option<&KvSplit>,
+) -> Vec<WorkItem> {
     let mut items: Vec<(usize, WorkItem)> = Vec::new();
     for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
         let (_, qo_len, _, kv_len) = problem.batch.request(r);
@@ -155,13 +171,23 @@ mod tests {
         let long = problem(&[(4096, 4096)], 32, 8, Mask::Causal);
         assert_eq!(choose_kv_split(&long, 128, 64, 132), None);
         let short_kv = problem(&[(1, 200)], 8, 8, Mask::None);
-        assert_eq!(choose_kv_split(&short_kv, 64, 64, 132), None, "nothing worth cutting");
+        assert_eq!(
+            choose_kv_split(&short_kv, 64, 64, 132),
+            None,
+            "nothing worth cutting"
+        );
     }
 
     #[test]
     fn a_request_without_keys_keeps_one_chunk() {
-        let s = KvSplit { chunk: 256, max_chunks: 4 };
-        assert_eq!((s.chunks(0), s.chunks(1), s.chunks(256), s.chunks(257)), (1, 1, 1, 2));
+        let s = KvSplit {
+            chunk: 256,
+            max_chunks: 4,
+        };
+        assert_eq!(
+            (s.chunks(0), s.chunks(1), s.chunks(256), s.chunks(257)),
+            (1, 1, 1, 2)
+        );
     }
 
     #[test]

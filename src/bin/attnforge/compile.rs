@@ -157,7 +157,8 @@ fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>) -
     match result {
         Ok(out) => {
             let r = &out.kernel.report;
-            let allow_spill = r.spill_store_bytes.max(r.spill_load_bytes) <= u64::from(spill_budget);
+            let allow_spill =
+                r.spill_store_bytes.max(r.spill_load_bytes) <= u64::from(spill_budget);
             Row {
                 name: job.name.clone(),
                 arch: job.options.arch.to_string(),

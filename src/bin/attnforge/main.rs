@@ -38,6 +38,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     match cli.command {
         Command::Info => info::run(),
@@ -45,5 +46,16 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Compile(args) => compile::run(args),
+    }
+}
+
+/// Printing into a closed pipe (`attnforge bench --print-shapes | head`) ends the process quietly,
+/// as command-line tools do, instead of panicking in `println!` (Rust ignores SIGPIPE by default).
+fn restore_default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
