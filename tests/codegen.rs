@@ -23,7 +23,7 @@ fn base() -> KernelSpec {
         head_dims: HeadDims::equal(128).unwrap(),
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, false)[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap())[0],
     }
 }
 

@@ -13,7 +13,7 @@ mod variant;
 
 pub use params::{ParamBlockLayout, PrefillParams, VariantLayout};
 pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
-pub use spec::{heavy, KernelSpec, VariantSpec, CUDA_DTYPES};
+pub use spec::{KernelSpec, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};
 
@@ -59,9 +59,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
             for head_dims in HeadDims::all() {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
-                        for tile in
-                            TileConfig::candidates(head_dims, qk_accum, spec::heavy(mask, variant))
-                        {
+                        for tile in TileConfig::candidates(head_dims) {
                             specs.push(KernelSpec {
                                 input_dtype: dtype,
                                 output_dtype: dtype,

@@ -116,12 +116,7 @@ impl KernelSpec {
         };
         let max_packed_rows =
             problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
-        let tile = TileConfig::choose(
-            problem.head_dims,
-            problem.qk_accum,
-            heavy(problem.mask.kind(), &variant),
-            max_packed_rows,
-        );
+        let tile = TileConfig::choose(problem.head_dims, max_packed_rows);
         Ok(KernelSpec {
             input_dtype: problem.input_dtype,
             output_dtype: problem.output_dtype,
@@ -131,12 +126,6 @@ impl KernelSpec {
             variant,
             tile,
         })
-    }
-
-    /// Whether the kernel runs per-element hooks beyond the built-in masks (a custom mask or a
-    /// custom variant), which decides its tile candidates.
-    pub fn is_heavy(&self) -> bool {
-        heavy(self.mask, &self.variant)
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
@@ -153,11 +142,6 @@ impl KernelSpec {
             self.tile.label(),
         )
     }
-}
-
-/// See [`KernelSpec::is_heavy`].
-pub fn heavy(mask: MaskKind, variant: &VariantSpec) -> bool {
-    mask == MaskKind::Custom || matches!(variant, VariantSpec::Custom { .. })
 }
 
 impl fmt::Display for KernelSpec {

@@ -3,7 +3,7 @@
 //! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
-use crate::problem::{HeadDims, QkAccum};
+use crate::problem::HeadDims;
 
 /// How one CTA of the prefill kernel is tiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -71,21 +71,20 @@ impl TileConfig {
         valid.then_some(t)
     }
 
-    /// Every configuration the planner can pick for a kernel (the compile matrix covers them
-    /// all), widest first. The choices keep kernels free of register spills (`attnforge compile`
-    /// checks): `heavy` kernels (a custom mask or custom variant hooks) keep more values live per
-    /// element and get the narrow tiles.
-    pub fn candidates(dims: HeadDims, accum: QkAccum, heavy: bool) -> Vec<TileConfig> {
+    /// Every configuration the planner can pick for a kernel with these head dims (the compile
+    /// matrix covers them all), widest first; chosen by the tile sweeps on the H200 recorded in
+    /// `docs/perf-notes.md`.
+    pub fn candidates(dims: HeadDims) -> Vec<TileConfig> {
         let tile = |mma_q, kv_tile, kv_sub| TileConfig {
             num_warps: 4,
             mma_q,
             kv_tile,
             kv_sub,
         };
-        match (dims.qk(), accum, heavy) {
-            (64, _, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (128, _, _) => vec![tile(2, 64, 32), tile(1, 64, 64)],
-            (192, _, _) => vec![tile(1, 64, 32)],
+        match dims.qk() {
+            64 => vec![tile(2, 64, 64), tile(1, 64, 64)],
+            128 => vec![tile(2, 64, 32), tile(1, 64, 64)],
+            192 => vec![tile(1, 64, 32)],
             _ => vec![tile(1, 32, 32)],
         }
     }
@@ -104,13 +103,8 @@ impl TileConfig {
 
     /// The configuration for `dims` when the longest request has `max_packed_rows` packed query
     /// rows (qo_len x group size): the narrow tile when one wide tile would be mostly empty.
-    pub fn choose(
-        dims: HeadDims,
-        accum: QkAccum,
-        heavy: bool,
-        max_packed_rows: usize,
-    ) -> TileConfig {
-        let candidates = Self::candidates(dims, accum, heavy);
+    pub fn choose(dims: HeadDims, max_packed_rows: usize) -> TileConfig {
+        let candidates = Self::candidates(dims);
         candidates
             .iter()
             .copied()
