@@ -1,13 +1,16 @@
-// prefill.cuh — FA2-class prefill attention for one work item: (request, query tile, KV head).
+// prefill.cuh — FA2-class prefill attention for one work item: (request, query tile, KV head,
+// KV chunk).
 //
 // A CTA of NUM_WARPS warps owns CTA_Q = NUM_WARPS * MMA_Q * 16 "packed" query rows: row p of a
 // request is token p / group_size of query head kv_head * group_size + p % group_size, so the
 // query heads that share a KV head share every K/V tile load (GQA). K and V stream through
-// double-buffered swizzled shared memory with cp.async, so the next tile loads while this one
-// computes. Per KV tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators),
-// widens S to f32 (exactly), applies the variant and the mask, updates the online softmax and
-// accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element masks run only
-// on tiles that need them.
+// double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
+// tile loads while this one computes; each tile is computed KV_SUB keys at a time (the S
+// registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
+// accumulators), widens S to f32 (exactly), applies the variant and the mask, updates the online
+// softmax and accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element
+// masks run only on tiles that need them. When the plan splits the KV range, the CTA covers one
+// chunk and writes a partial result for merge_state.cuh instead of the output.
 // Requires: common.cuh, mma.cuh, smem_tile.cuh, mask.cuh, online_softmax.cuh, variant.cuh, the
 // spec constants (namespace spec) and the rendered PrefillParams.
 

@@ -145,16 +145,13 @@ impl PrefillPlan {
         let variant_values = codegen::param_values(&problem.variant);
         let mut variant_arrays = Vec::new();
         for value in &variant_values {
-            match value {
-                ParamValue::F32Array(a) => {
-                    let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    variant_arrays.push(upload(engine, &bytes, "variant parameter")?);
-                }
-                ParamValue::I32Array(a) => {
-                    let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    variant_arrays.push(upload(engine, &bytes, "variant parameter")?);
-                }
-                ParamValue::F32(_) | ParamValue::I32(_) => {}
+            let bytes: Option<Vec<u8>> = match value {
+                ParamValue::F32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                ParamValue::I32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                ParamValue::F32(_) | ParamValue::I32(_) => None,
+            };
+            if let Some(bytes) = bytes {
+                variant_arrays.push(upload(engine, &bytes, "variant parameter")?);
             }
         }
         Ok(PrefillPlan {
