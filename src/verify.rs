@@ -62,18 +62,14 @@ pub struct Summary {
     pub failed: usize,
 }
 
-fn sample_rows(p: &AttentionProblem) -> Vec<(usize, usize)> {
+/// `n` rows `(query token, query head)` of `p` spread over its tokens, the first and the last
+/// included, heads varied: the rows a sampled comparison checks (verify, bench, demo).
+pub fn sample_rows(p: &AttentionProblem, n: usize) -> Vec<(usize, usize)> {
     let total = p.batch.total_qo();
-    if total == 0 {
-        return Vec::new();
-    }
-    (0..SAMPLED_ROWS)
+    let n = n.min(total * p.num_qo_heads);
+    (0..n)
         .map(|i| {
-            let token = if i + 1 == SAMPLED_ROWS {
-                total - 1
-            } else {
-                i * total / SAMPLED_ROWS
-            };
+            let token = if n > 1 { i * (total - 1) / (n - 1) } else { 0 };
             (token, (i * 7 + i / 3) % p.num_qo_heads)
         })
         .collect()
@@ -94,7 +90,7 @@ pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
     let sampled = reference_work(&case.problem) > FULL_REFERENCE_LIMIT;
     let outcome = out.map_err(|e| e.to_string()).and_then(|out| {
         if sampled {
-            let rows = sample_rows(&case.problem);
+            let rows = sample_rows(&case.problem, SAMPLED_ROWS);
             let expected = reference::attention_rows(&case.problem, &q, &k, &v, &rows)
                 .map_err(|e| e.to_string())?;
             Ok(compare_rows(

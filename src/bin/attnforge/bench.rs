@@ -10,6 +10,7 @@ use attnforge::compare::{compare_rows, Tolerance};
 use attnforge::cuda::{DeviceTensor, Engine, PrefillPlan};
 use attnforge::shapes::{self, ResolvedShape};
 use attnforge::testing::random_inputs;
+use attnforge::verify::sample_rows;
 use attnforge::{reference, AttentionProblem, DType, Error};
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
@@ -220,7 +221,7 @@ fn measure(
         o: o.download(stream)?,
         lse: Some(lse.download(stream)?.to_f32_vec()),
     };
-    let rows = sample_rows(&problem);
+    let rows = sample_rows(&problem, CHECK_ROWS);
     let expected = reference::attention_rows(&problem, qh, kh, vh, &rows)?;
     let cmp = compare_rows(&out, problem.num_qo_heads, &rows, &expected);
     if !cmp.passes(&Tolerance::for_problem(&problem)) {
@@ -266,22 +267,4 @@ fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
             source,
         })
     }
-}
-
-/// Rows (token, query head) to check: the first and last tokens, and a spread between.
-fn sample_rows(p: &AttentionProblem) -> Vec<(usize, usize)> {
-    let total = p.batch.total_qo();
-    if total == 0 {
-        return Vec::new();
-    }
-    (0..CHECK_ROWS)
-        .map(|i| {
-            let token = if i + 1 == CHECK_ROWS {
-                total - 1
-            } else {
-                i * total / CHECK_ROWS
-            };
-            (token, (i * 7) % p.num_qo_heads)
-        })
-        .collect()
 }

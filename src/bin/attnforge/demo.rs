@@ -9,7 +9,7 @@ use attnforge::compare::{compare_rows, Tolerance};
 use attnforge::reference;
 use attnforge::shapes::prefill_flops;
 use attnforge::testing::random_inputs;
-use attnforge::verify::Backend;
+use attnforge::verify::{sample_rows, Backend};
 use attnforge::{AttentionProblem, DType, HeadDims, Mask, RaggedBatch, Variant};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -82,18 +82,6 @@ fn demo_cases(dtype: DType) -> Result<Vec<DemoCase>, String> {
     ])
 }
 
-/// `SAMPLED_ROWS` rows spread over the tokens, first and last included, heads varied.
-fn sample_rows(p: &AttentionProblem) -> Vec<(usize, usize)> {
-    let tokens = p.batch.total_qo();
-    let n = SAMPLED_ROWS.min(tokens * p.num_qo_heads);
-    (0..n)
-        .map(|i| {
-            let token = if n > 1 { i * (tokens - 1) / (n - 1) } else { 0 };
-            (token, (i * 7) % p.num_qo_heads)
-        })
-        .collect()
-}
-
 /// One table row, or why the case could not run.
 fn run_case(backend: &dyn Backend, case: &DemoCase) -> Result<(f64, f64, f64, bool), String> {
     let p = &case.problem;
@@ -105,7 +93,7 @@ fn run_case(backend: &dyn Backend, case: &DemoCase) -> Result<(f64, f64, f64, bo
         out = backend.run(p, &q, &k, &v).map_err(|e| e.to_string())?;
         best = best.min(start.elapsed().as_secs_f64());
     }
-    let rows = sample_rows(p);
+    let rows = sample_rows(p, SAMPLED_ROWS);
     let want = reference::attention_rows(p, &q, &k, &v, &rows).map_err(|e| e.to_string())?;
     let cmp = compare_rows(&out, p.num_qo_heads, &rows, &want);
     let ok = cmp.passes(&Tolerance::for_problem(p));
