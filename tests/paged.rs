@@ -404,6 +404,11 @@ fn layout_errors() {
         ..l
     };
     expect_gather(&uneven, &t, "kv_storage");
+    let huge = PagedKvLayout {
+        num_kv_heads: usize::MAX / 2,
+        ..l
+    };
+    expect_gather(&huge, &t, "num_pages");
     expect_gather(&PagedKvLayout { num_pages: 5, ..l }, &t, "k_cache");
     expect_gather(
         &PagedKvLayout {

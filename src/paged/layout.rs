@@ -140,7 +140,10 @@ impl PagedKvLayout {
         if self.buffer_len(true).is_none() || self.buffer_len(false).is_none() {
             return Err(InvalidProblem::new(
                 "num_pages",
-                format!("{} pages overflow the address space", self.num_pages),
+                format!(
+                    "{} pages of {} tokens x {} heads overflow the address space",
+                    self.num_pages, self.page_size, self.num_kv_heads
+                ),
             ));
         }
         Ok(())
@@ -164,9 +167,20 @@ impl PagedKvLayout {
         }
     }
 
-    /// Elements the buffer holding K (`true`) or V (`false`) needs; `None` on overflow.
+    /// Elements the buffer holding K (`true`) or V (`false`) needs; `None` on overflow (checked
+    /// factor by factor, so absurd head counts are an error too, never a wrapped size).
     fn buffer_len(&self, is_k: bool) -> Option<usize> {
-        self.num_pages.checked_mul(self.page_stride(is_k))
+        let dim = match (self.storage, is_k) {
+            (KvStorage::Separate, false) => self.head_dims.vo(),
+            _ => self.head_dims.qk(),
+        };
+        let halves = match self.storage {
+            KvStorage::Separate => 1,
+            KvStorage::Combined => 2,
+        };
+        [self.page_size, self.num_kv_heads, dim, halves]
+            .into_iter()
+            .try_fold(self.num_pages, usize::checked_mul)
     }
 
     /// Elements the K buffer needs (for combined storage: the combined buffer).
