@@ -23,6 +23,7 @@ pub mod error;
 pub mod jit;
 pub mod merge;
 pub mod output;
+pub mod paged;
 pub mod problem;
 pub mod reference;
 pub mod shapes;

@@ -25,11 +25,13 @@ mod block;
 mod f16_accum;
 mod isa;
 mod logits;
+mod paged;
 mod softmax;
 mod tile;
 
 pub use backend::CpuBackend;
 pub use isa::Isa;
+pub use paged::paged_attention;
 
 use crate::dtype::DType;
 use crate::error::Error;

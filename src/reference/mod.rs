@@ -11,6 +11,9 @@
 //! problem too big to compute whole. Backends are compared with it by [`crate::compare`].
 
 pub mod logits;
+mod paged;
+
+pub use paged::paged_attention;
 
 use crate::problem::{AttentionProblem, InvalidProblem, LogitSite, TensorView, Validation};
 use crate::tensor::HostTensor;
