@@ -10,6 +10,9 @@
 //! | what gets compiled | `KernelSpec` → CUDA source | `codegen` (pure: no GPU) |
 //! | compiled kernel | CUBIN from NVRTC, cached on disk | `jit` |
 //! | launch plan and run | device buffers, streams | `cuda` |
+//! | paged KV cache (host side) | layout, page table, gather, append | `paged` |
+//! | benchmark shapes, FLOP and byte counts | shared with the peers' script | [`shapes`] |
+//! | correctness suite runner | cases against the reference | [`verify`] |
 //!
 //! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
 //! of every test.

@@ -1,7 +1,7 @@
 //! Running the shared case list through a backend and judging it against the exact reference.
 //!
 //! `attnforge verify` for every backend goes through [`run_cases`]: for each
-//! [`Case`](crate::testing::Case), the backend computes the output (the GPU backend poisons its
+//! [`Case`], the backend computes the output (the GPU backend poisons its
 //! output buffers with NaN first), the reference computes the exact rows (all rows of small
 //! problems, a spread sample of large ones), and [`crate::compare`] decides with the case's
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.

@@ -50,7 +50,7 @@ impl TensorView {
                 ),
             ));
         }
-        if tokens > 1 && self.token_stride < (heads - 1) * self.head_stride + dim {
+        if tokens > 1 && self.token_stride < heads.saturating_sub(1) * self.head_stride + dim {
             return Err(InvalidProblem::new(
                 format!("{name} token stride"),
                 format!(
