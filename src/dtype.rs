@@ -46,7 +46,10 @@ impl DType {
         }
     }
 
-    /// Rounds an f64 to this type (round to nearest even) and returns it widened back to f64.
+    /// Rounds an f64 to this type and returns it widened back to f64. For f16 and bf16 this goes
+    /// through `half`, which rounds via f32 and can round twice (off by one unit in the last place
+    /// in rare ties): fine for drawing test inputs, its only use; exact semantics (the reference's
+    /// f16 accumulation) round once, in fixed point.
     pub fn round_f64(self, x: f64) -> f64 {
         match self {
             DType::F16 => f16::from_f64(x).to_f64(),
