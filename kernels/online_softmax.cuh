@@ -90,3 +90,68 @@ struct OnlineSoftmax {
     }
   }
 };
+
+// Combines the states of NUM_WARPS warps that ran the same rows over different keys (the
+// key-split layout): warps 1.. write (max, partial sum, o) to `scratch`, and warp 0 folds them into
+// its own state, each scaled by exp2(max_w - max); a warp that saw no key (max -inf) weighs 0.
+// Returns true in warp 0, which then holds the state of all keys; the other warps are done. Must
+// be reached by every thread of the CTA; `scratch` (shared memory, free for this use) holds
+// (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() floats.
+template <int MMA_Q, int VO_NT>
+__host__ __device__ constexpr int merge_scratch_floats() {
+  return 32 * MMA_Q * (4 + 4 * VO_NT);
+}
+
+template <int NUM_WARPS, int MMA_Q, int VO_NT>
+__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q>& sm, float (&o)[MMA_Q][VO_NT][4],
+                                                  float* scratch, int warp, int lane) {
+  // Value i of a warp's state sits at scratch[(warp - 1) * STATE + i * 32 + lane]: lane-major, so
+  // each access of a warp touches 32 consecutive words (no bank conflicts).
+  constexpr int STATE = merge_scratch_floats<MMA_Q, VO_NT>();
+  auto slot = [&](int w, int i) -> float& { return scratch[(w - 1) * STATE + i * 32 + lane]; };
+  __syncthreads();  // every warp is done with the shared memory `scratch` reuses
+  if (warp > 0) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        slot(warp, (mq * 2 + h) * 2) = sm.row_max[mq][h];
+        slot(warp, (mq * 2 + h) * 2 + 1) = sm.row_sum[mq][h];
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          slot(warp, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h) = o[mq][dt][2 * h];
+          slot(warp, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h + 1) = o[mq][dt][2 * h + 1];
+        }
+      }
+  }
+  __syncthreads();
+  if (warp > 0) return false;
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = sm.row_max[mq][h];
+#pragma unroll
+      for (int w = 1; w < NUM_WARPS; ++w) mx = fmaxf(mx, slot(w, (mq * 2 + h) * 2));
+      const float offset = mx == neg_inf() ? 0.0f : mx;
+      const float own = exp2_approx(sm.row_max[mq][h] - offset);
+      sm.row_max[mq][h] = mx;
+      sm.row_sum[mq][h] *= own;
+#pragma unroll
+      for (int dt = 0; dt < VO_NT; ++dt) {
+        o[mq][dt][2 * h] *= own;
+        o[mq][dt][2 * h + 1] *= own;
+      }
+#pragma unroll
+      for (int w = 1; w < NUM_WARPS; ++w) {
+        const float f = exp2_approx(slot(w, (mq * 2 + h) * 2) - offset);
+        sm.row_sum[mq][h] = fmaf(f, slot(w, (mq * 2 + h) * 2 + 1), sm.row_sum[mq][h]);
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          o[mq][dt][2 * h] = fmaf(f, slot(w, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h), o[mq][dt][2 * h]);
+          o[mq][dt][2 * h + 1] = fmaf(f, slot(w, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h + 1), o[mq][dt][2 * h + 1]);
+        }
+      }
+    }
+  return true;
+}

@@ -1,9 +1,13 @@
 // prefill.cuh — FA2-class prefill attention for one work item: (request, query tile, KV head,
 // KV chunk).
 //
-// A CTA of NUM_WARPS warps owns CTA_Q = NUM_WARPS * MMA_Q * 16 "packed" query rows: row p of a
-// request is token p / group_size of query head kv_head * group_size + p % group_size, so the
-// query heads that share a KV head share every K/V tile load (GQA). K and V stream through
+// A CTA of NUM_WARPS warps owns CTA_Q "packed" query rows: row p of a request is token
+// p / group_size of query head kv_head * group_size + p % group_size, so the query heads that
+// share a KV head share every K/V tile load (GQA). Two warp layouts: ROWS (prefill) gives each
+// warp its own MMA_Q * 16 rows (CTA_Q = NUM_WARPS * MMA_Q * 16) and every key; KEYS (decode and
+// other short query tiles) gives every warp the same MMA_Q * 16 rows and a share of the keys (the
+// sub-tiles of each KV tile, round robin), and merges the warps' softmax states at the end. K and
+// V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
 // tile loads while this one computes; each tile is computed KV_SUB keys at a time (the S
 // registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
@@ -11,8 +15,8 @@
 // softmax and accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element
 // masks run only on tiles that need them. When the plan splits the KV range, the CTA covers one
 // chunk and writes a partial result for merge_state.cuh instead of the output.
-// Requires: common.cuh, mma.cuh, smem_tile.cuh, mask.cuh, online_softmax.cuh, variant.cuh, the
-// spec constants (namespace spec) and the rendered PrefillParams.
+// Requires: common.cuh, mma.cuh, smem_tile.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
+// variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
 
 namespace prefill {
 
@@ -21,7 +25,8 @@ using DTypeOut = spec::DTypeOut;
 constexpr int NUM_WARPS = spec::NUM_WARPS;
 constexpr int NUM_THREADS = NUM_WARPS * 32;
 constexpr int MMA_Q = spec::MMA_Q;
-constexpr int CTA_Q = NUM_WARPS * MMA_Q * 16;
+constexpr bool WARPS_SPLIT_KEYS = spec::WARPS_SPLIT_KEYS;  // the KEYS warp layout
+constexpr int CTA_Q = (WARPS_SPLIT_KEYS ? 1 : NUM_WARPS) * MMA_Q * 16;
 constexpr int KV_TILE = spec::KV_TILE;  // keys loaded per barrier
 constexpr int KV_SUB = spec::KV_SUB;    // keys computed at a time (S registers)
 constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
@@ -35,6 +40,11 @@ constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES);
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
+static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-split warps: equal sub-tiles per warp");
+static_assert(!WARPS_SPLIT_KEYS ||
+                  (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= 2 * (K_TILE_BYTES + V_TILE_BYTES),
+              "key-split warps: the K/V buffers hold the warps' states for the merge");
+using KvSource = KvRows<DTypeIn, spec::KV_PAGED>;
 
 // Where this thread's fragment rows sit: token within the request and query head.
 struct RowCoords {
@@ -303,7 +313,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.packed_len = m.qo_len * p.group_size;
   tile.kv_head = work.z;
   tile.group = p.group_size;
-  const int warp_row0 = warp * MMA_Q * 16;
+  const int warp_row0 = WARPS_SPLIT_KEYS ? 0 : warp * MMA_Q * 16;
 
   RowCoords rows;
 #pragma unroll
@@ -334,24 +344,27 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   auto v_tile = [&](int t) { return SmemTile<VO_CHUNKS>{v_base + (t % 2) * V_TILE_BYTES}; };
 
   const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
-  const DTypeIn* k_ptr = static_cast<const DTypeIn*>(p.k) + kv_start * p.k_stride_token + tile.kv_head * p.k_stride_head;
-  const DTypeIn* v_ptr = static_cast<const DTypeIn*>(p.v) + kv_start * p.v_stride_token + tile.kv_head * p.v_stride_head;
+  // Ragged rows start at the request's first key; paged rows at its first page.
+  const i64_t kv_row0 = spec::KV_PAGED ? 0 : kv_start;
+  const int* pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[request] : nullptr;
+  const KvSource k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
+                        p.k_stride_token, pages, p.kv_page_stride, p.page_shift, p.page_mask};
+  const KvSource v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
+                        p.v_stride_token, pages, p.kv_page_stride, p.page_shift, p.page_mask};
 
   // K and V of tile t go to buffer t % 2 as cp.async groups; a group is committed even when empty
   // (past the last tile) so that every iteration waits for the same groups.
   auto load_k = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_ptr + k0 * p.k_stride_token, p.k_stride_token,
-                                                       m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
     }
     cp_async_commit();
   };
   auto load_v = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_ptr + k0 * p.v_stride_token, p.v_stride_token,
-                                                       m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
     }
     cp_async_commit();
   };
@@ -388,9 +401,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     load_k(t + 1);
     load_v(t + 1);
     // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
-    // addresses and fragments live.
+    // addresses and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
 #pragma unroll 1
-    for (int sub = 0; sub < KV_TILE / KV_SUB; ++sub) {
+    for (int sub = WARPS_SPLIT_KEYS ? warp : 0; sub < KV_TILE / KV_SUB; sub += WARPS_SPLIT_KEYS ? NUM_WARPS : 1) {
       const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
       const SmemTile<QK_CHUNKS> k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
@@ -411,6 +424,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
   }
 
+  if constexpr (WARPS_SPLIT_KEYS) {
+    // The K/V buffers are free once every warp is past its last tile (the last real groups were
+    // waited for; later ones are empty): they hold the states warp 0 merges, then it alone goes on.
+    float* scratch = reinterpret_cast<float*>(smem + Q_TILE_BYTES);
+    if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
+  }
+
   float sink_log2[MMA_Q][2];
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
@@ -426,8 +446,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   }
   softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
   // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
-  // copy is in flight: the last tile's groups were waited for, later ones are empty).
-  __syncthreads();
+  // copy is in flight: the last tile's groups were waited for, later ones are empty). With
+  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
+  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
   store_output(p, tile, rows, qo_start, warp_row0, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
 }
 

@@ -7,6 +7,7 @@
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
 
 use crate::compare::{compare, compare_rows, Comparison};
+use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::reference;
 use crate::tensor::HostTensor;
@@ -35,6 +36,15 @@ pub trait Backend {
         q: &HostTensor,
         k: &HostTensor,
         v: &HostTensor,
+    ) -> Result<AttentionOutput, Error>;
+    /// Computes a paged problem on the host cache; with `graph`, through a captured and replayed
+    /// CUDA graph (only asked of backends whose caps say `graphs`).
+    fn run_paged(
+        &self,
+        problem: &PagedAttention,
+        q: &HostTensor,
+        cache: PagedKv<'_>,
+        graph: bool,
     ) -> Result<AttentionOutput, Error>;
 }
 
@@ -84,8 +94,18 @@ fn reference_work(p: &AttentionProblem) -> usize {
 /// Runs one case.
 pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
     let (q, k, v) = case.inputs();
+    let paged = case.paged_inputs(&k, &v).transpose();
     let start = Instant::now();
-    let out = backend.run(&case.problem, &q, &k, &v);
+    let out = match &paged {
+        Ok(None) => backend.run(&case.problem, &q, &k, &v),
+        Ok(Some(inputs)) => backend.run_paged(
+            &inputs.paged,
+            &q,
+            inputs.cache(),
+            case.paged.is_some_and(|p| p.graph),
+        ),
+        Err(e) => Err(Error::InvalidProblem(e.clone())),
+    };
     let backend_time = start.elapsed();
     let sampled = reference_work(&case.problem) > FULL_REFERENCE_LIMIT;
     let outcome = out.map_err(|e| e.to_string()).and_then(|out| {

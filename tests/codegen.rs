@@ -5,8 +5,8 @@
 mod jit_support;
 
 use attnforge::codegen::{
-    compile_matrix, render, sample_custom_variant_source, KernelSpec, TileConfig, VariantLayout,
-    VariantSpec,
+    compile_matrix, render, sample_custom_variant_source, KernelSpec, KvCache, TileConfig,
+    VariantLayout, VariantSpec,
 };
 use attnforge::jit::compile::compile;
 use attnforge::jit::{Arch, CompileOptions, JitError, KernelSource};
@@ -23,6 +23,7 @@ fn base() -> KernelSpec {
         head_dims: HeadDims::equal(128).unwrap(),
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
+        kv: KvCache::Ragged,
         tile: TileConfig::candidates(HeadDims::equal(128).unwrap())[0],
     }
 }
@@ -210,7 +211,7 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
     let f32_problem = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F32);
-    match KernelSpec::for_problem(&f32_problem) {
+    match KernelSpec::for_problem(&f32_problem, KvCache::Ragged) {
         Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("bf16")),
         other => panic!("expected Unsupported, got {other:?}"),
     }
@@ -224,7 +225,7 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let p = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F16)
         .with_variant(Variant::Custom(cpu_only));
     assert!(matches!(
-        KernelSpec::for_problem(&p),
+        KernelSpec::for_problem(&p, KvCache::Paged),
         Err(Error::Unsupported { .. })
     ));
 }

@@ -13,7 +13,7 @@ mod variant;
 
 pub use params::{ParamBlockLayout, PrefillParams, VariantLayout};
 pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
-pub use spec::{KernelSpec, VariantSpec, CUDA_DTYPES};
+pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};
 
@@ -34,9 +34,9 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
     }
 }
 
-/// Every kernel the engine can emit today: prefill over dtypes x QK accumulation (f16 only with
-/// f16 inputs) x head dims x masks x variants (built-ins and the sample custom one) x each tile
-/// the planner can pick for the head dims.
+/// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
+/// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
+/// each tile the planner can pick for the head dims (the key-split decode tile included).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,
@@ -59,16 +59,19 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
             for head_dims in HeadDims::all() {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
-                        for tile in TileConfig::candidates(head_dims) {
-                            specs.push(KernelSpec {
-                                input_dtype: dtype,
-                                output_dtype: dtype,
-                                qk_accum,
-                                head_dims,
-                                mask,
-                                variant: variant.clone(),
-                                tile,
-                            });
+                        for kv in KvCache::ALL {
+                            for tile in TileConfig::candidates(head_dims) {
+                                specs.push(KernelSpec {
+                                    input_dtype: dtype,
+                                    output_dtype: dtype,
+                                    qk_accum,
+                                    head_dims,
+                                    mask,
+                                    variant: variant.clone(),
+                                    kv,
+                                    tile,
+                                });
+                            }
                         }
                     }
                 }

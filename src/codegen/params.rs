@@ -62,6 +62,10 @@ kernel_params! {
         partial_o: u64 => "float*",
         /// Split-KV workspace: per (token, query head, chunk) the chunk's natural-log LSE.
         partial_lse: u64 => "float*",
+        /// Paged KV: prefix sums of the pages per request (`batch + 1`); null when ragged.
+        kv_page_indptr: u64 => "const int*",
+        /// Paged KV: page ids, in token order per request; null when ragged.
+        kv_page_indices: u64 => "const int*",
         /// Q token stride.
         q_stride_token: i64 => "long long",
         /// Q head stride.
@@ -78,6 +82,9 @@ kernel_params! {
         o_stride_token: i64 => "long long",
         /// O head stride.
         o_stride_head: i64 => "long long",
+        /// Paged KV: elements between consecutive pages of K (and of V); 0 when ragged. K/V
+        /// token strides are then the strides within a page.
+        kv_page_stride: i64 => "long long",
         /// Query heads.
         num_qo_heads: i32 => "int",
         /// Query heads per KV head.
@@ -99,6 +106,10 @@ kernel_params! {
         total_qo: i32 => "int",
         /// Requests in the batch.
         batch_size: i32 => "int",
+        /// Paged KV: log2(page size); 0 when ragged.
+        page_shift: i32 => "int",
+        /// Paged KV: page size - 1 (the slot mask); 0 when ragged.
+        page_mask: i32 => "int",
     }
 }
 

@@ -5,7 +5,7 @@
 //! `extern "C"` entry point. Rendering is pure: no GPU, no toolkit, no file system.
 
 use super::params::{ParamBlockLayout, VariantLayout};
-use super::spec::KernelSpec;
+use super::spec::{KernelSpec, KvCache};
 use super::tile::TileConfig;
 use super::variant::{self, VariantCode};
 use crate::dtype::DType;
@@ -17,6 +17,7 @@ use std::fmt::Write;
 const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kernels/common.cuh"));
 const MMA: (&str, &str) = ("mma.cuh", include_str!("../../kernels/mma.cuh"));
 const SMEM_TILE: (&str, &str) = ("smem_tile.cuh", include_str!("../../kernels/smem_tile.cuh"));
+const KV_ROWS: (&str, &str) = ("kv_rows.cuh", include_str!("../../kernels/kv_rows.cuh"));
 const MASK: (&str, &str) = ("mask.cuh", include_str!("../../kernels/mask.cuh"));
 const ONLINE_SOFTMAX: (&str, &str) = (
     "online_softmax.cuh",
@@ -104,6 +105,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, COMMON);
     template(&mut out, MMA);
     template(&mut out, SMEM_TILE);
+    template(&mut out, KV_ROWS);
     let generated_line = |out: &String| out.lines().count() + 2;
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
@@ -111,7 +113,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         "namespace spec {{\nusing DTypeIn = {};\nusing DTypeOut = {};\nconstexpr int HEAD_DIM_QK = {};\n\
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
-         constexpr int KV_SUB = {};\n\
+         constexpr int KV_SUB = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool KV_PAGED = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
         cuda_dtype(spec.output_dtype),
@@ -123,6 +125,8 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.mma_q,
         spec.tile.kv_tile,
         spec.tile.kv_sub,
+        spec.tile.split_keys,
+        spec.kv == KvCache::Paged,
     );
     out.push_str(&layout.variant.cuda_struct());
     variant::render(&code, &mut out, &mut snippets, &file_name);

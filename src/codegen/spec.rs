@@ -54,6 +54,29 @@ impl VariantSpec {
     }
 }
 
+/// Where a kernel reads keys and values from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KvCache {
+    /// Ragged tensors: request `r`'s keys are rows `kv_indptr[r]..kv_indptr[r+1]`.
+    Ragged,
+    /// A paged cache: rows found through the page table (any page size, NHD or HND, separate
+    /// or combined K/V: those are strides, not code).
+    Paged,
+}
+
+impl KvCache {
+    /// Both, in compile-matrix order.
+    pub const ALL: [KvCache; 2] = [KvCache::Ragged, KvCache::Paged];
+
+    /// Name fragment for kernel names.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCache::Ragged => "ragged",
+            KvCache::Paged => "paged",
+        }
+    }
+}
+
 /// What one generated prefill kernel computes and how it is tiled.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KernelSpec {
@@ -69,6 +92,8 @@ pub struct KernelSpec {
     pub mask: MaskKind,
     /// Variant.
     pub variant: VariantSpec,
+    /// Where K and V come from.
+    pub kv: KvCache,
     /// CTA tiling.
     pub tile: TileConfig,
 }
@@ -77,10 +102,10 @@ pub struct KernelSpec {
 pub const CUDA_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
 
 impl KernelSpec {
-    /// The spec that runs `problem`, with the tile [`TileConfig::choose`] picks for it. Fails
-    /// when the problem needs something the generator cannot emit (f32 inputs, a custom variant
-    /// without CUDA source), saying what is supported.
-    pub fn for_problem(problem: &AttentionProblem) -> Result<KernelSpec, Error> {
+    /// The spec that runs `problem` with K/V from `kv`, with the tile [`TileConfig::choose`]
+    /// picks for it. Fails when the problem needs something the generator cannot emit (f32
+    /// inputs, a custom variant without CUDA source), saying what is supported.
+    pub fn for_problem(problem: &AttentionProblem, kv: KvCache) -> Result<KernelSpec, Error> {
         if !CUDA_DTYPES.contains(&problem.input_dtype) {
             return Err(Error::Unsupported {
                 backend: "cuda",
@@ -124,6 +149,7 @@ impl KernelSpec {
             head_dims: problem.head_dims,
             mask: problem.mask.kind(),
             variant,
+            kv,
             tile,
         })
     }
@@ -131,7 +157,7 @@ impl KernelSpec {
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
     pub fn name(&self) -> String {
         format!(
-            "attnforge_prefill_{}_o{}_qk{}_d{}x{}_{}_{}_{}",
+            "attnforge_prefill_{}_o{}_qk{}_d{}x{}_{}_{}_{}_{}",
             self.input_dtype,
             self.output_dtype,
             self.qk_accum.name(),
@@ -139,6 +165,7 @@ impl KernelSpec {
             self.head_dims.vo(),
             self.mask.name(),
             self.variant.label(),
+            self.kv.name(),
             self.tile.label(),
         )
     }

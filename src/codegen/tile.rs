@@ -16,6 +16,10 @@ pub struct TileConfig {
     pub kv_tile: u32,
     /// Keys computed at a time within a tile (sets the S registers); divides `kv_tile`.
     pub kv_sub: u32,
+    /// Warp layout: `false` gives each warp its own `mma_q * 16` query rows and every key
+    /// (prefill); `true` gives every warp the same rows and a share of each KV tile's
+    /// sub-tiles, merged at the end (decode and other short query tiles).
+    pub split_keys: bool,
 }
 
 /// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
@@ -26,7 +30,8 @@ const CHUNK_ELEMS: u32 = 8;
 impl TileConfig {
     /// Packed query rows per CTA.
     pub fn cta_q(self) -> u32 {
-        self.num_warps * self.mma_q * 16
+        let row_warps = if self.split_keys { 1 } else { self.num_warps };
+        row_warps * self.mma_q * 16
     }
 
     /// Threads per CTA.
@@ -41,18 +46,28 @@ impl TileConfig {
         self.cta_q() * qk_row + 2 * self.kv_tile * (qk_row + vo_row)
     }
 
-    /// Name fragment, e.g. `w4q2kv64` or, when computed in sub-tiles, `w4q2kv64s32`.
+    /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles, and
+    /// `w4q1kv64s16k` when the warps split the keys.
     pub fn label(self) -> String {
         let sub = if self.kv_sub == self.kv_tile {
             String::new()
         } else {
             format!("s{}", self.kv_sub)
         };
-        format!("w{}q{}kv{}{sub}", self.num_warps, self.mma_q, self.kv_tile)
+        let keys = if self.split_keys { "k" } else { "" };
+        format!(
+            "w{}q{}kv{}{sub}{keys}",
+            self.num_warps, self.mma_q, self.kv_tile
+        )
     }
 
-    /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`).
+    /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
+    /// `w4q1kv64s16k`); `None` for anything else or a tiling the kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
+        let (s, split_keys) = match s.strip_suffix('k') {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
         let rest = s.strip_prefix('w')?;
         let (w, rest) = rest.split_once('q')?;
         let (q, rest) = rest.split_once("kv")?;
@@ -62,17 +77,20 @@ impl TileConfig {
             mma_q: q.parse().ok()?,
             kv_tile: kv.parse().ok()?,
             kv_sub: sub.parse().ok()?,
+            split_keys,
         };
         let valid = (1..=8).contains(&t.num_warps)
             && (1..=4).contains(&t.mma_q)
             && t.kv_sub % 16 == 0
             && t.kv_sub > 0
-            && t.kv_tile % t.kv_sub == 0;
+            && t.kv_tile % t.kv_sub == 0
+            && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0);
         valid.then_some(t)
     }
 
     /// Every configuration the planner can pick for a kernel with these head dims (the compile
-    /// matrix covers them all), widest first; chosen by the tile sweeps on the H200 recorded in
+    /// matrix covers them all), widest first, the key-split tile for short query tiles last;
+    /// the row tiles were chosen by the tile sweeps on the H200 recorded in
     /// `docs/perf-notes.md`.
     pub fn candidates(dims: HeadDims) -> Vec<TileConfig> {
         let tile = |mma_q, kv_tile, kv_sub| TileConfig {
@@ -80,12 +98,30 @@ impl TileConfig {
             mma_q,
             kv_tile,
             kv_sub,
+            split_keys: false,
         };
-        match dims.qk() {
+        let mut tiles = match dims.qk() {
             64 => vec![tile(2, 64, 64), tile(1, 64, 64)],
             128 => vec![tile(2, 64, 32), tile(1, 64, 64)],
             192 => vec![tile(1, 64, 32)],
             _ => vec![tile(1, 32, 32)],
+        };
+        tiles.push(Self::key_split(dims));
+        tiles
+    }
+
+    /// The key-split tile for `dims`: 16 query rows shared by every warp, 16-key sub-tiles
+    /// dealt round robin. Four warps over 64-key tiles, except for head dim 256, where two warps
+    /// over 32-key tiles keep the double-buffered K/V (and so occupancy) at the size of the
+    /// others.
+    fn key_split(dims: HeadDims) -> TileConfig {
+        let (num_warps, kv_tile) = if dims.qk() > 192 { (2, 32) } else { (4, 64) };
+        TileConfig {
+            num_warps,
+            mma_q: 1,
+            kv_tile,
+            kv_sub: 16,
+            split_keys: true,
         }
     }
 
@@ -102,13 +138,20 @@ impl TileConfig {
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The configuration for `dims` when the longest request has `max_packed_rows` packed query
-    /// rows (qo_len x group size): the narrow tile when one wide tile would be mostly empty.
+    /// rows (qo_len x group size): the key-split tile when they fit in its 16 rows (decode), else
+    /// the widest row tile that is more than half full, else the narrowest row tile.
     pub fn choose(dims: HeadDims, max_packed_rows: usize) -> TileConfig {
-        let candidates = Self::candidates(dims);
-        candidates
-            .iter()
+        let split = Self::key_split(dims);
+        if max_packed_rows <= split.cta_q() as usize {
+            return split;
+        }
+        let rows: Vec<TileConfig> = Self::candidates(dims)
+            .into_iter()
+            .filter(|t| !t.split_keys)
+            .collect();
+        rows.iter()
             .copied()
             .find(|t| max_packed_rows as u32 > t.cta_q() / 2)
-            .unwrap_or(*candidates.last().expect("every head dim has a tile"))
+            .unwrap_or(*rows.last().expect("every head dim has a row tile"))
     }
 }

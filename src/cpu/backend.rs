@@ -1,6 +1,7 @@
 //! The fast CPU backend as a [`Backend`](crate::verify::Backend) of the CLI and the verify suite.
 
 use super::{attention_with_isa, Isa, BACKEND};
+use crate::paged::{gather, PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
 use crate::testing::BackendCaps;
@@ -45,5 +46,24 @@ impl Backend for CpuBackend {
         v: &HostTensor,
     ) -> Result<AttentionOutput, Error> {
         attention_with_isa(p, q, k, v, self.isa)
+    }
+
+    fn run_paged(
+        &self,
+        p: &PagedAttention,
+        q: &HostTensor,
+        cache: PagedKv<'_>,
+        graph: bool,
+    ) -> Result<AttentionOutput, Error> {
+        if graph {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "CUDA graph replay".into(),
+                supported: "direct runs".into(),
+            });
+        }
+        p.validate_q(q)?;
+        let (k, v) = gather(p.layout(), p.table(), cache)?;
+        attention_with_isa(p.problem(), q, &k, &v, self.isa)
     }
 }

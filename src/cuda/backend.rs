@@ -1,6 +1,8 @@
 //! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite.
 
 use super::engine::Engine;
+use super::paged::PagedRunMode;
+use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
 use crate::testing::BackendCaps;
@@ -53,5 +55,20 @@ impl Backend for CudaBackend {
         v: &HostTensor,
     ) -> Result<AttentionOutput, Error> {
         self.engine.prefill_host(problem, q, k, v)
+    }
+
+    fn run_paged(
+        &self,
+        p: &PagedAttention,
+        q: &HostTensor,
+        cache: PagedKv<'_>,
+        graph: bool,
+    ) -> Result<AttentionOutput, Error> {
+        let mode = if graph {
+            PagedRunMode::GraphReplay
+        } else {
+            PagedRunMode::Direct
+        };
+        self.engine.paged_host(p, q, cache, mode)
     }
 }

@@ -52,6 +52,30 @@ impl DeviceTensor {
         })
     }
 
+    /// Overwrites the whole buffer with `host` (same dtype and length), in place: the address
+    /// stays, so kernels and captured graphs that hold it read the new contents. Ordered on
+    /// `stream`.
+    pub fn write(&mut self, stream: &Arc<CudaStream>, host: &HostTensor) -> Result<(), CudaError> {
+        if host.dtype() != self.dtype || host.len() != self.len {
+            return Err(CudaError::Buffer {
+                name: "write",
+                reason: format!(
+                    "{} {} elements into a buffer of {} {}",
+                    host.len(),
+                    host.dtype(),
+                    self.len,
+                    self.dtype
+                ),
+            });
+        }
+        if self.len > 0 {
+            stream
+                .memcpy_htod(host.as_bytes(), &mut self.bytes)
+                .during("write")?;
+        }
+        Ok(())
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype

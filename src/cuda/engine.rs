@@ -36,6 +36,8 @@ pub struct LoadedKernel {
     pub threads: u32,
     /// Dynamic shared memory per CTA.
     pub smem_bytes: u32,
+    /// CTAs of the attention kernel one SM holds at once (the driver's occupancy figure).
+    pub ctas_per_sm: u32,
 }
 
 /// A GPU with its stream, JIT and kernel cache.
@@ -145,6 +147,13 @@ impl Engine {
                     kernel.name
                 ))?;
         }
+        let ctas_per_sm = function
+            .occupancy_max_active_blocks_per_multiprocessor(
+                kernel.threads,
+                kernel.smem_bytes as usize,
+                None,
+            )
+            .during(format!("the occupancy of {}", kernel.name))?;
         let merge = module
             .load_function(&kernel.merge_entry)
             .during(format!("finding {}", kernel.merge_entry))?;
@@ -155,6 +164,7 @@ impl Engine {
             name: kernel.name.clone(),
             threads: kernel.threads,
             smem_bytes: kernel.smem_bytes,
+            ctas_per_sm,
         });
         loaded.insert(key, Arc::clone(&k));
         Ok(k)

@@ -10,6 +10,8 @@ mod buffers;
 mod device;
 mod engine;
 mod error;
+mod paged;
+mod plan;
 mod prefill;
 mod schedule;
 
@@ -18,5 +20,8 @@ pub use buffers::DeviceTensor;
 pub use device::{driver_present, DeviceInfo};
 pub use engine::{Engine, LoadedKernel};
 pub use error::CudaError;
+pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use prefill::PrefillPlan;
-pub use schedule::{choose_kv_split, prefill_work, KvSplit, WorkItem, CTAS_PER_SM};
+pub use schedule::{
+    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, WorkItem, CTAS_PER_SM,
+};

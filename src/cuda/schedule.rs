@@ -96,13 +96,77 @@ pub fn choose_kv_split(
     })
 }
 
-/// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`),
-/// longest first.
-pub fn prefill_work(
+/// Fixed cost of one CTA in units of keys streamed: launch, the Q load, the first K/V load's
+/// latency and the epilogue (a few microseconds against about 50 ns per key of one KV head at
+/// full bandwidth).
+const CTA_OVERHEAD_KEYS: usize = 64;
+/// Cost of a split in units of keys streamed by one CTA slot: the merge kernel's launch and its
+/// pass over the partial results.
+const MERGE_OVERHEAD_KEYS: usize = 128;
+
+/// Whether and how to split the KV range for a kernel that fills `slots` CTA slots at once
+/// (SMs x resident CTAs per SM), by simulating the block scheduler: items are dealt longest
+/// first to the slot that frees first (the work list's order), and the split with the shortest
+/// estimated finish (plus the merge when split) wins. Used by the key-split (decode) tile, where
+/// requests are short in queries and a request's keys are the whole cost: a single long request
+/// must split, many short ones must not, and a batch that fills 1.3 waves splits so that the
+/// last wave is not mostly idle.
+pub fn choose_kv_split_balanced(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    kv_tile: usize,
+    slots: usize,
+) -> Option<KvSplit> {
+    let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
+    let min_chunk = MIN_CHUNK_KEYS.next_multiple_of(kv_tile);
+    let mut best: (usize, Option<KvSplit>) = (makespan(problem, cta_q, None, slots), None);
+    let mut pieces = 2;
+    while max_kv.div_ceil(pieces) >= min_chunk {
+        let chunk = max_kv.div_ceil(pieces).next_multiple_of(kv_tile);
+        let split = KvSplit {
+            chunk,
+            max_chunks: max_kv.div_ceil(chunk),
+        };
+        let cost = makespan(problem, cta_q, Some(&split), slots) + MERGE_OVERHEAD_KEYS;
+        if cost < best.0 {
+            best = (cost, Some(split));
+        }
+        pieces = if pieces < 8 {
+            pieces + 1
+        } else {
+            pieces * 3 / 2
+        };
+    }
+    best.1
+}
+
+/// Estimated finish, in keys, of the work list dealt longest first to `slots` slots.
+fn makespan(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
-) -> Vec<WorkItem> {
+    slots: usize,
+) -> usize {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let costs = item_costs(problem, cta_q, split);
+    let mut free: BinaryHeap<Reverse<usize>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
+    let mut end = 0;
+    for (cost, _) in costs {
+        let Reverse(t) = free.pop().unwrap_or(Reverse(0));
+        let done = t + cost + CTA_OVERHEAD_KEYS;
+        end = end.max(done);
+        free.push(Reverse(done));
+    }
+    end
+}
+
+/// Every work item with its cost (visible keys), longest first.
+fn item_costs(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    split: Option<&KvSplit>,
+) -> Vec<(usize, WorkItem)> {
     let mut items: Vec<(usize, WorkItem)> = Vec::new();
     for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
         let (_, qo_len, _, kv_len) = problem.batch.request(r);
@@ -122,7 +186,20 @@ pub fn prefill_work(
     // Stable: equal costs keep request/tile/head order, which keeps neighbouring CTAs on
     // neighbouring data.
     items.sort_by_key(|&(cost, _)| std::cmp::Reverse(cost));
-    items.into_iter().map(|(_, w)| w).collect()
+    items
+}
+
+/// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`),
+/// longest first.
+pub fn prefill_work(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    split: Option<&KvSplit>,
+) -> Vec<WorkItem> {
+    item_costs(problem, cta_q, split)
+        .into_iter()
+        .map(|(_, w)| w)
+        .collect()
 }
 
 #[cfg(test)]
@@ -175,6 +252,26 @@ mod tests {
             choose_kv_split(&short_kv, 64, 64, 132),
             None,
             "nothing worth cutting"
+        );
+    }
+
+    #[test]
+    fn balanced_split_cuts_a_long_decode_and_leaves_many_short_ones_alone() {
+        let slots = 132 * 3;
+        let long = problem(&[(1, 65536)], 32, 8, Mask::None);
+        let split = choose_kv_split_balanced(&long, 16, 64, slots).expect("8 CTAs for 396 slots");
+        assert!(split.max_chunks >= 32, "{split:?}");
+        assert_eq!(split.chunk % 64, 0);
+        let short = problem(&[(1, 512); 256], 32, 8, Mask::None);
+        assert_eq!(choose_kv_split_balanced(&short, 16, 64, slots), None);
+        // 64 x 8 = 512 CTAs are 1.3 waves of 396: a split evens the waves out.
+        let batch = problem(&[(1, 4096); 64], 32, 8, Mask::None);
+        let split = choose_kv_split_balanced(&batch, 16, 64, slots).expect("1.3 waves split");
+        let ctas = 64 * 8 * split.max_chunks;
+        let waves = ctas as f64 / slots as f64;
+        assert!(
+            waves.ceil() - waves < 0.35 || waves > 8.0,
+            "{split:?}: {waves} waves"
         );
     }
 

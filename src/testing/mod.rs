@@ -19,10 +19,12 @@
 mod custom;
 pub mod grid;
 mod inputs;
+mod paged;
 pub mod rng;
 
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
+pub use paged::{PagedCase, PagedInputs};
 
 use crate::compare::Tolerance;
 use crate::dtype::DType;
@@ -54,6 +56,8 @@ pub struct Case {
     pub seed: u64,
     /// Standard deviation of Q and K (1 except in the large-logit cases).
     pub qk_scale: f64,
+    /// For a paged case, how K and V sit in the cache ([`Case::paged_inputs`]).
+    pub paged: Option<PagedCase>,
 }
 
 impl Case {
@@ -85,6 +89,8 @@ pub struct BackendCaps {
     /// Largest problem, in reference multiply-adds (`sum qo * kv * hq * (dqk + dvo)`); bigger
     /// cases get the largest batch of the list that fits.
     pub max_work: usize,
+    /// Whether it can capture and replay CUDA graphs (the graph-replay paged cases).
+    pub graphs: bool,
 }
 
 impl BackendCaps {
@@ -96,6 +102,7 @@ impl BackendCaps {
             custom_needs_cuda: false,
             view_alignment: 1,
             max_work: usize::MAX,
+            graphs: false,
         }
     }
 
@@ -107,6 +114,7 @@ impl BackendCaps {
             custom_needs_cuda: true,
             view_alignment: CUDA_VIEW_ALIGNMENT,
             max_work: usize::MAX,
+            graphs: true,
         }
     }
 
@@ -117,6 +125,8 @@ impl BackendCaps {
 
 /// Salt of the stream that draws the random batches of a suite.
 const SALT_BATCHES: u64 = 0xba7c;
+/// Salt base of the paged cases' seeds.
+const SALT_PAGED: u64 = 0x9a6e_0000;
 /// Standard deviation of Q and K that puts f16 accumulators near the f16 maximum (65504): with
 /// head dim 128 (prescale 2^-4) an accumulator then has a standard deviation of about 28000.
 const NEAR_F16_MAX_QK_SCALE: f64 = 200.0;
@@ -168,10 +178,28 @@ pub fn cases(suite: Suite, base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
                 problem: point.problem(seed),
                 seed,
                 qk_scale,
+                paged: None,
             }
         })
         .collect();
     cases.extend(view_cases(base_seed, caps));
+    let paged = paged::paged_cases(suite, base_seed, caps, &quick_batches(&mut batch_rng));
+    cases.extend(
+        paged
+            .into_iter()
+            .filter(|(p, _, _)| work(&p.lens, p.heads.0, p.head_dims) <= caps.max_work)
+            .enumerate()
+            .map(|(i, (point, layout, tag))| {
+                let seed = SplitMix64::with_salt(base_seed, SALT_PAGED + i as u64).next_u64();
+                Case {
+                    name: paged::paged_case_name(&point, &layout, tag),
+                    problem: point.problem(seed),
+                    seed,
+                    qk_scale: 1.0,
+                    paged: Some(layout),
+                }
+            }),
+    );
     cases
 }
 
@@ -508,6 +536,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             problem: p,
             seed: s,
             qk_scale: 1.0,
+            paged: None,
         });
     }
 
@@ -534,6 +563,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             problem: p,
             seed: seed(0x9add),
             qk_scale: 1.0,
+            paged: None,
         });
     }
 
@@ -557,6 +587,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             problem: p,
             seed: seed(0x5ca1),
             qk_scale: 1.0,
+            paged: None,
         });
     }
     out.retain(|c| {

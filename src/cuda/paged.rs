@@ -1,0 +1,341 @@
+//! Paged attention on the GPU: batch decode and batch paged prefill over a paged KV cache.
+//!
+//! [`PagedPlan::new`] takes a validated [`PagedAttention`] (so every page id is inside the
+//! cache), picks the kernel (the key-split tile for decode, a row tile for paged prefill: the
+//! same generated kernel as ragged prefill, with paged K/V loads), the KV split, and uploads the
+//! page table. [`PagedPlan::run_on`] checks the buffers and launches on the caller's stream with
+//! no allocation and no synchronisation, so it can be captured in a CUDA graph. A captured graph
+//! replays the plan's batch shape (lengths, split, work list); between replays the caller may
+//! write new K/V contents and new queries into the same buffers and rewrite the page ids with
+//! [`PagedPlan::update_page_indices`] (same pages per request, checked against the cache).
+//! Different lengths need a new plan (and a new capture).
+
+use super::buffers::DeviceTensor;
+use super::engine::Engine;
+use super::error::{CudaError, DriverContext};
+use super::plan::{upload, KernelPlan, KvAddress, PageAddress, ROW_ALIGNMENT};
+use super::prefill::{check_buffer, qo_address};
+use super::schedule::KvSplit;
+use crate::codegen::{KernelSpec, KvCache, TileConfig};
+use crate::paged::{KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
+use crate::problem::{AttentionProblem, InvalidProblem};
+use crate::tensor::HostTensor;
+use crate::{AttentionOutput, Error};
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::sync::Arc;
+
+/// The cache buffers on the device, as the layout's storage says.
+#[derive(Clone, Copy, Debug)]
+pub enum DevicePagedKv<'a> {
+    /// K and V in two buffers, each `[pages, ...]` in the layout's order.
+    Separate {
+        /// The K pages.
+        k: &'a DeviceTensor,
+        /// The V pages.
+        v: &'a DeviceTensor,
+    },
+    /// One buffer `[pages, 2, ...]`: K then V within each page.
+    Combined(&'a DeviceTensor),
+}
+
+/// A paged attention problem prepared for one engine.
+pub struct PagedPlan {
+    plan: KernelPlan,
+    layout: PagedKvLayout,
+    table: PageTable,
+    page_indptr: CudaSlice<i32>,
+    page_indices: CudaSlice<i32>,
+}
+
+/// Element strides of K (`true`) or V in the cache, read off the layout's own address function
+/// so that host and device can never disagree: (offset of head 0's element 0 in page 0, page,
+/// token within a page, head).
+fn cache_strides(layout: &PagedKvLayout, is_k: bool) -> (usize, i64, i64, i64) {
+    let at = |page, slot, head| {
+        if is_k {
+            layout.k_index(page, slot, head, 0)
+        } else {
+            layout.v_index(page, slot, head, 0)
+        }
+    };
+    let base = at(0, 0, 0);
+    let step = |x: usize| (x - base) as i64;
+    (
+        base,
+        step(at(1, 0, 0)),
+        step(at(0, 1, 0)),
+        step(at(0, 0, 1)),
+    )
+}
+
+impl PagedPlan {
+    /// Plans `paged` on `engine`: kernel choice, compilation, KV split, uploads.
+    pub fn new(engine: &Engine, paged: &PagedAttention) -> Result<PagedPlan, Error> {
+        PagedPlan::with_tile(engine, paged, None)
+    }
+
+    /// [`new`](Self::new) with the planner's tile replaced by `tile` (tuning).
+    pub fn with_tile(
+        engine: &Engine,
+        paged: &PagedAttention,
+        tile: Option<TileConfig>,
+    ) -> Result<PagedPlan, Error> {
+        let problem = paged.problem();
+        let q = &problem.q_view;
+        for (what, value) in [
+            ("offset", q.offset),
+            ("token stride", q.token_stride),
+            ("head stride", q.head_stride),
+        ] {
+            if value % ROW_ALIGNMENT != 0 {
+                return Err(Error::Unsupported {
+                    backend: "cuda",
+                    what: format!("q view {what} {value}"),
+                    supported: format!(
+                        "offsets and strides that are multiples of {ROW_ALIGNMENT} elements"
+                    ),
+                });
+            }
+        }
+        let table = paged.table().clone();
+        Ok(PagedPlan {
+            plan: KernelPlan::new(engine, problem, KvCache::Paged, tile)?,
+            layout: *paged.layout(),
+            page_indptr: upload(engine, &table.kv_page_indptr, "kv_page_indptr")?,
+            page_indices: upload(engine, &table.kv_page_indices, "kv_page_indices")?,
+            table,
+        })
+    }
+
+    /// The kernel this plan runs.
+    pub fn spec(&self) -> &KernelSpec {
+        &self.plan.spec
+    }
+
+    /// The planned problem (its K/V views describe the gathered tensors).
+    pub fn problem(&self) -> &AttentionProblem {
+        &self.plan.problem
+    }
+
+    /// The cache layout the plan reads.
+    pub fn layout(&self) -> &PagedKvLayout {
+        &self.layout
+    }
+
+    /// The page table as of the last [`update_page_indices`](Self::update_page_indices).
+    pub fn table(&self) -> &PageTable {
+        &self.table
+    }
+
+    /// CTAs per launch of the attention kernel.
+    pub fn num_ctas(&self) -> u32 {
+        self.plan.num_work
+    }
+
+    /// How the KV range is split across CTAs, if it is.
+    pub fn kv_split(&self) -> Option<KvSplit> {
+        self.plan.split
+    }
+
+    /// Replaces the page ids in place (the device buffer keeps its address, so a captured graph
+    /// reads the new ones). `indices` must have the plan's length and ids inside the cache; the
+    /// copy is ordered on `stream` before later launches there.
+    pub fn update_page_indices(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        indices: &[i32],
+    ) -> Result<(), Error> {
+        let mut table = self.table.clone();
+        if indices.len() != table.kv_page_indices.len() {
+            return Err(InvalidProblem::new(
+                "kv_page_indices",
+                format!(
+                    "has {} ids; the plan's table has {} (a new page count needs a new plan)",
+                    indices.len(),
+                    table.kv_page_indices.len()
+                ),
+            )
+            .into());
+        }
+        table.kv_page_indices = indices.to_vec();
+        table.validate(self.layout.page_size, self.layout.num_pages)?;
+        if !indices.is_empty() {
+            stream
+                .memcpy_htod(indices, &mut self.page_indices)
+                .during("updating kv_page_indices")?;
+        }
+        self.table = table;
+        Ok(())
+    }
+
+    /// [`run_on`](Self::run_on) the engine's stream.
+    pub fn run(
+        &self,
+        engine: &Engine,
+        q: &DeviceTensor,
+        cache: DevicePagedKv<'_>,
+        o: &mut DeviceTensor,
+        lse: Option<&mut DeviceTensor>,
+    ) -> Result<(), Error> {
+        self.run_on(engine.stream(), q, cache, o, lse)
+    }
+
+    /// Launches on `stream`: `q` in the problem's query view, the cache in the plan's layout,
+    /// `o` contiguous `[total_qo, num_qo_heads, head_dim_vo]`, `lse` (if given) `[total_qo,
+    /// num_qo_heads]` f32. No allocation, no synchronisation: safe to capture in a CUDA graph.
+    pub fn run_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &DeviceTensor,
+        cache: DevicePagedKv<'_>,
+        o: &mut DeviceTensor,
+        lse: Option<&mut DeviceTensor>,
+    ) -> Result<(), Error> {
+        let p = &self.plan.problem;
+        let l = &self.layout;
+        let (k_buf, v_buf) = match (l.storage, cache) {
+            (KvStorage::Separate, DevicePagedKv::Separate { k, v }) => {
+                check_buffer("k_cache", k, l.dtype, l.k_buffer_len())?;
+                check_buffer("v_cache", v, l.dtype, l.v_buffer_len())?;
+                (k, v)
+            }
+            (KvStorage::Combined, DevicePagedKv::Combined(kv)) => {
+                check_buffer("kv_cache", kv, l.dtype, l.k_buffer_len())?;
+                (kv, kv)
+            }
+            (storage, _) => {
+                return Err(CudaError::Buffer {
+                    name: "kv_cache",
+                    reason: format!(
+                        "the plan's layout stores K and V {}, the buffers passed do not",
+                        storage.name()
+                    ),
+                }
+                .into())
+            }
+        };
+        let qo = qo_address(p, stream, q, o, lse.as_deref())?;
+        let elem = l.dtype.size_bytes() as u64;
+        let (k_base, k_page, k_token, k_head) = cache_strides(l, true);
+        let (v_base, v_page, v_token, v_head) = cache_strides(l, false);
+        debug_assert_eq!(k_page, v_page, "K and V pages are equally spaced");
+        let address = KvAddress {
+            k: k_buf.device_address(stream) + k_base as u64 * elem,
+            v: v_buf.device_address(stream) + v_base as u64 * elem,
+            k_stride_token: k_token,
+            k_stride_head: k_head,
+            v_stride_token: v_token,
+            v_stride_head: v_head,
+            pages: Some(PageAddress {
+                indptr: cudarc::driver::DevicePtr::device_ptr(&self.page_indptr, stream).0,
+                indices: cudarc::driver::DevicePtr::device_ptr(&self.page_indices, stream).0,
+                page_stride: k_page,
+                page_size: l.page_size,
+            }),
+        };
+        self.plan.launch(stream, qo, address)
+    }
+}
+
+/// How [`Engine::paged_host`] runs the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PagedRunMode {
+    /// One launch.
+    Direct,
+    /// Captured in a CUDA graph against decoy contents (other K/V values, rotated page ids),
+    /// then the real queries, cache and page ids written into the same buffers and the graph
+    /// replayed: the output proves that a replay reads new contents and new page ids.
+    GraphReplay,
+}
+
+impl Engine {
+    /// Plans and runs a paged problem on host tensors: uploads, poisons the outputs with NaN,
+    /// launches (directly or through a replayed CUDA graph), synchronises and downloads.
+    pub fn paged_host(
+        &self,
+        paged: &PagedAttention,
+        q: &HostTensor,
+        cache: PagedKv<'_>,
+        mode: PagedRunMode,
+    ) -> Result<AttentionOutput, Error> {
+        paged.validate_q(q)?;
+        paged.layout().validate_buffers(cache)?;
+        let mut plan = PagedPlan::new(self, paged)?;
+        let stream = self.stream();
+        let name = plan.spec().name();
+        let host_buffers: Vec<&HostTensor> = match cache {
+            PagedKv::Separate { k, v } => vec![k, v],
+            PagedKv::Combined(kv) => vec![kv],
+        };
+        let mut qd = self.upload(q)?;
+        let mut buffers = host_buffers
+            .iter()
+            .map(|t| self.upload(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        match mode {
+            PagedRunMode::Direct => self.run_poisoned(paged.problem(), &name, |o, lse| {
+                plan.run(self, &qd, device_cache(&buffers), o, lse)
+            }),
+            PagedRunMode::GraphReplay => {
+                let real = paged.table().kv_page_indices.clone();
+                let num_pages = paged.layout().num_pages as i32;
+                let decoy: Vec<i32> = real.iter().map(|&p| (p + 1) % num_pages).collect();
+                plan.update_page_indices(stream, &decoy)?;
+                qd.write(stream, &negated(q))?;
+                for (d, h) in buffers.iter_mut().zip(&host_buffers) {
+                    d.write(stream, &negated(h))?;
+                }
+                self.run_poisoned(paged.problem(), &name, |o, lse| {
+                    let mut lse = lse;
+                    stream
+                        .begin_capture(
+                            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                        )
+                        .during("beginning a graph capture")?;
+                    let launched = plan.run(self, &qd, device_cache(&buffers), o, lse.as_deref_mut());
+                    let graph = stream
+                        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                        .during("ending a graph capture")?;
+                    launched?;
+                    let graph = graph.ok_or_else(|| CudaError::Buffer {
+                        name: "graph",
+                        reason: "the capture recorded no work".into(),
+                    })?;
+                    graph.launch().during("launching the graph on the decoy")?;
+                    // The real contents, in the same buffers; the outputs poisoned again.
+                    plan.update_page_indices(stream, &real)?;
+                    qd.write(stream, q)?;
+                    for (d, h) in buffers.iter_mut().zip(&host_buffers) {
+                        d.write(stream, h)?;
+                    }
+                    o.write(stream, &HostTensor::nan(o.dtype(), o.len()))?;
+                    if let Some(l) = lse.as_deref_mut() {
+                        l.write(stream, &HostTensor::nan(l.dtype(), l.len()))?;
+                    }
+                    graph.launch().during("replaying the graph")?;
+                    // The graph is destroyed when it goes out of scope: not while it may run.
+                    stream.synchronize().during("waiting for the replay")?;
+                    Ok(())
+                })
+            }
+        }
+    }
+}
+
+/// The device cache over one (combined) or two (separate) buffers.
+fn device_cache(buffers: &[DeviceTensor]) -> DevicePagedKv<'_> {
+    match buffers {
+        [k, v] => DevicePagedKv::Separate { k, v },
+        [kv] => DevicePagedKv::Combined(kv),
+        _ => unreachable!("a cache has one or two buffers"),
+    }
+}
+
+/// `t` with every element negated: decoy contents of the same size and dtype.
+fn negated(t: &HostTensor) -> HostTensor {
+    match t {
+        HostTensor::F16(v) => HostTensor::F16(v.iter().map(|x| -*x).collect()),
+        HostTensor::Bf16(v) => HostTensor::Bf16(v.iter().map(|x| -*x).collect()),
+        HostTensor::F32(v) => HostTensor::F32(v.iter().map(|x| -x).collect()),
+    }
+}

@@ -1,0 +1,298 @@
+//! The part of a plan that ragged prefill and paged attention share: the kernel, the work list,
+//! the KV split and its workspace, and the device copies of everything that depends only on the
+//! problem; and the one launch sequence (attention kernel, then the merge when split).
+//!
+//! [`super::PrefillPlan`] and [`super::PagedPlan`] wrap a [`KernelPlan`] and differ only in
+//! where K and V come from ([`KvAddress`]) and in the buffers they check before a launch.
+
+use super::engine::{Engine, LoadedKernel};
+use super::error::{CudaError, DriverContext};
+use super::schedule::{choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit};
+use crate::codegen::{
+    self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
+    MERGE_THREADS,
+};
+use crate::problem::{AttentionProblem, Mask, ParamValue};
+use crate::Error;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// log2(e), folded into the scale when the variant has no transform.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// Elements of 16 bits per 16-byte copy: the kernels load and store whole rows in such copies.
+pub(crate) const ROW_ALIGNMENT: usize = 8;
+
+/// Per-chunk partial results of a split KV range, merged by the merge kernel.
+struct Workspace {
+    o: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
+}
+
+/// Where the kernel reads K and V: device addresses of element 0 of KV head 0 and the strides
+/// (elements). For a paged cache the token strides are those within a page.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KvAddress {
+    pub k: u64,
+    pub v: u64,
+    pub k_stride_token: i64,
+    pub k_stride_head: i64,
+    pub v_stride_token: i64,
+    pub v_stride_head: i64,
+    /// Paged only: the page table on the device and the page geometry.
+    pub pages: Option<PageAddress>,
+}
+
+/// The page table a paged launch reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PageAddress {
+    pub indptr: u64,
+    pub indices: u64,
+    pub page_stride: i64,
+    pub page_size: usize,
+}
+
+/// The query and output side of a launch.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct QoAddress {
+    pub q: u64,
+    pub o: u64,
+    /// 0 when the LSE is not wanted.
+    pub lse: u64,
+}
+
+/// Uploads `data`; an empty slice becomes one default element (the driver allocates nothing of
+/// size 0, and the kernel never reads it).
+pub(crate) fn upload<T: DeviceRepr + Default + Copy>(
+    engine: &Engine,
+    data: &[T],
+    what: &str,
+) -> Result<CudaSlice<T>, Error> {
+    let one = [T::default()];
+    let data = if data.is_empty() { &one[..] } else { data };
+    Ok(engine
+        .stream()
+        .clone_htod(data)
+        .during(format!("uploading {what}"))?)
+}
+
+/// A problem prepared for one engine: kernel, work list, split, uploads.
+pub(crate) struct KernelPlan {
+    pub problem: AttentionProblem,
+    pub spec: KernelSpec,
+    kernel: Arc<LoadedKernel>,
+    layout: ParamBlockLayout,
+    pub num_work: u32,
+    pub split: Option<KvSplit>,
+    workspace: Option<Workspace>,
+    work: CudaSlice<i32>,
+    qo_indptr: CudaSlice<i32>,
+    kv_indptr: CudaSlice<i32>,
+    custom_mask: Option<(CudaSlice<u8>, CudaSlice<i64>)>,
+    variant_arrays: Vec<CudaSlice<u8>>,
+    variant_values: Vec<ParamValue>,
+}
+
+impl KernelPlan {
+    /// Plans `problem` (already validated by the caller) with K/V from `kv`; `tile` replaces
+    /// the planner's tile (tuning).
+    pub fn new(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        tile: Option<TileConfig>,
+    ) -> Result<KernelPlan, Error> {
+        let mut spec = KernelSpec::for_problem(problem, kv)?;
+        if let Some(t) = tile {
+            spec.tile = t;
+        }
+        let rendered = codegen::render(&spec);
+        let kernel = engine.load(&rendered)?;
+
+        let cta_q = spec.tile.cta_q() as usize;
+        let kv_tile = spec.tile.kv_tile as usize;
+        let sm_count = engine.info().sm_count as usize;
+        let split = if spec.tile.split_keys {
+            let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
+            choose_kv_split_balanced(problem, cta_q, kv_tile, slots)
+        } else {
+            choose_kv_split(problem, cta_q, kv_tile, sm_count)
+        };
+        let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref())
+            .into_iter()
+            .flatten()
+            .collect();
+        let workspace = match &split {
+            Some(s) => {
+                let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
+                let stream = engine.stream();
+                Some(Workspace {
+                    o: stream
+                        .alloc_zeros::<f32>(rows * problem.head_dims.vo())
+                        .during("allocating the split-KV workspace")?,
+                    lse: stream
+                        .alloc_zeros::<f32>(rows)
+                        .during("allocating the split-KV workspace")?,
+                })
+            }
+            None => None,
+        };
+        let custom_mask = match &problem.mask {
+            Mask::Custom(m) => {
+                let offsets: Vec<i64> = m.mask_indptr.iter().map(|&o| o as i64).collect();
+                Some((
+                    upload(engine, &m.packed, "custom mask")?,
+                    upload(engine, &offsets, "mask_indptr")?,
+                ))
+            }
+            _ => None,
+        };
+        let variant_values = codegen::param_values(&problem.variant);
+        let mut variant_arrays = Vec::new();
+        for value in &variant_values {
+            let bytes: Option<Vec<u8>> = match value {
+                ParamValue::F32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                ParamValue::I32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                ParamValue::F32(_) | ParamValue::I32(_) => None,
+            };
+            if let Some(bytes) = bytes {
+                variant_arrays.push(upload(engine, &bytes, "variant parameter")?);
+            }
+        }
+        Ok(KernelPlan {
+            problem: problem.clone(),
+            spec,
+            kernel,
+            layout: rendered.params,
+            num_work: (work.len() / 4) as u32,
+            split,
+            workspace,
+            work: upload(engine, &work, "work list")?,
+            qo_indptr: upload(engine, &problem.batch.qo_indptr, "qo_indptr")?,
+            kv_indptr: upload(engine, &problem.batch.kv_indptr, "kv_indptr")?,
+            custom_mask,
+            variant_arrays,
+            variant_values,
+        })
+    }
+
+    /// Launches the attention kernel (and the merge, when split) on `stream`. The caller has
+    /// checked every buffer against the problem. No allocation, no synchronisation.
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        qo: QoAddress,
+        kv: KvAddress,
+    ) -> Result<(), Error> {
+        if self.num_work == 0 {
+            return Ok(());
+        }
+        let p = &self.problem;
+        let dvo = p.head_dims.vo();
+        let elem = p.input_dtype.size_bytes() as u64;
+        let scaling = p.qk_scaling();
+        let ptr = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
+        let page = kv.pages.unwrap_or_default();
+        let fixed = PrefillParams {
+            q: qo.q + p.q_view.offset as u64 * elem,
+            k: kv.k,
+            v: kv.v,
+            o: qo.o,
+            lse: qo.lse,
+            qo_indptr: ptr(&self.qo_indptr),
+            kv_indptr: ptr(&self.kv_indptr),
+            work: ptr(&self.work),
+            custom_mask: self
+                .custom_mask
+                .as_ref()
+                .map_or(0, |(m, _)| m.device_ptr(stream).0),
+            mask_indptr: self
+                .custom_mask
+                .as_ref()
+                .map_or(0, |(_, i)| i.device_ptr(stream).0),
+            partial_o: self
+                .workspace
+                .as_ref()
+                .map_or(0, |w| w.o.device_ptr(stream).0),
+            partial_lse: self
+                .workspace
+                .as_ref()
+                .map_or(0, |w| w.lse.device_ptr(stream).0),
+            kv_page_indptr: page.indptr,
+            kv_page_indices: page.indices,
+            q_stride_token: p.q_view.token_stride as i64,
+            q_stride_head: p.q_view.head_stride as i64,
+            k_stride_token: kv.k_stride_token,
+            k_stride_head: kv.k_stride_head,
+            v_stride_token: kv.v_stride_token,
+            v_stride_head: kv.v_stride_head,
+            o_stride_token: (p.num_qo_heads * dvo) as i64,
+            o_stride_head: dvo as i64,
+            kv_page_stride: page.page_stride,
+            num_qo_heads: p.num_qo_heads as i32,
+            group_size: p.group_size() as i32,
+            window_left: match p.mask {
+                Mask::SlidingWindow { window_left } => window_left as i32,
+                _ => 0,
+            },
+            q_prescale: scaling.prescale,
+            post_scale: scaling.post_scale,
+            scale_log2: scaling.post_scale * LOG2E,
+            kv_chunk: self.split.map_or(0, |s| s.chunk as i32),
+            max_chunks: self.split.map_or(0, |s| s.max_chunks as i32),
+            total_qo: p.batch.total_qo() as i32,
+            batch_size: p.batch.len() as i32,
+            page_shift: page.page_size.max(1).trailing_zeros() as i32,
+            page_mask: page.page_size.saturating_sub(1) as i32,
+        };
+        let array_ptrs: Vec<u64> = self
+            .variant_arrays
+            .iter()
+            .map(|a| a.device_ptr(stream).0)
+            .collect();
+        let variant_bytes = self.layout.variant.pack(&self.variant_values, &array_ptrs);
+        let mut block = self.layout.pack(&fixed, &variant_bytes);
+        let mut args = [block.as_mut_ptr().cast::<c_void>()];
+        let f = &self.kernel;
+        // SAFETY: the kernel takes one parameter, a struct whose layout `block` reproduces (the
+        // generated source asserts its size and field sizes); every pointer in it refers to a
+        // live allocation sized for the plan's problem (the callers check the buffers, and page
+        // tables were validated against the cache), and the driver copies the parameter bytes
+        // at launch.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.function.cu_function(),
+                (self.num_work, 1, 1),
+                (f.threads, 1, 1),
+                f.smem_bytes,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|source| CudaError::Launch {
+            kernel: f.name.clone(),
+            source,
+        })?;
+        if self.split.is_some() {
+            let rows = (p.batch.total_qo() * p.num_qo_heads) as u32;
+            // SAFETY: as above; the merge kernel reads the workspace the attention kernel wrote
+            // (same stream, so in order) and writes O and the LSE.
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.merge.cu_function(),
+                    (rows.div_ceil(MERGE_ROWS_PER_CTA), 1, 1),
+                    (MERGE_THREADS, 1, 1),
+                    0,
+                    stream.cu_stream(),
+                    &mut args,
+                )
+            }
+            .map_err(|source| CudaError::Launch {
+                kernel: format!("{} (merge)", f.name),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}

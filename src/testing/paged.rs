@@ -1,0 +1,329 @@
+//! Paged cases of the shared suite: the same problems with K and V in a paged cache.
+//!
+//! A paged case is an ordinary [`Case`] (its problem, seed and ragged inputs) plus a
+//! [`PagedCase`] saying how the keys and values sit in the cache: page size, NHD or HND order,
+//! separate or combined buffers, and whether the GPU runs it through a replayed CUDA graph. The
+//! cache is built from the case's ragged K/V ([`Case::paged_inputs`]): every page starts as NaN,
+//! the pages are a seeded shuffle with spare pages left over (still NaN, so reading a page that is
+//! not the request's shows), and the tokens are written with
+//! [`append_paged_kv`](crate::paged::append_paged_kv). The expected output is the reference on the
+//! ragged K/V, so a paged backend is judged against the same numbers as a ragged one.
+//!
+//! The list ([`paged_cases`]): every mask x variant pair once over the quick batches (dtypes and
+//! head dims rotating, page sizes 1, 16, 64 rotating with the orders and storages); batch decode
+//! (one query per request) at batch 1, 7, 64, 256 and a skewed batch of 128 requests with KV
+//! lengths up to 32768, GQA groups 1, 4, 8, every variant; paged prefill (chunked prefill over a
+//! cache); and, where the backend has CUDA graphs, a decode and a paged prefill case replayed
+//! from a graph.
+
+use super::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, MASKS, SOFT_CAPS};
+use super::rng::SplitMix64;
+use super::{BackendCaps, Case, Suite};
+use crate::dtype::DType;
+use crate::paged::{
+    append_paged_kv, KvOrder, KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout,
+    PagedKvMut,
+};
+use crate::problem::{HeadDims, InvalidProblem, QkAccum};
+use crate::tensor::HostTensor;
+
+/// How a case's keys and values sit in a paged cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedCase {
+    /// Tokens per page.
+    pub page_size: usize,
+    /// NHD or HND.
+    pub order: KvOrder,
+    /// Separate or combined K/V buffers.
+    pub storage: KvStorage,
+    /// Whether a GPU backend runs it through a captured and replayed CUDA graph.
+    pub graph: bool,
+}
+
+/// Pages of the cache beyond those the batch uses (left NaN).
+const SPARE_PAGES: usize = 3;
+/// Salt of the page shuffle.
+const SALT_PAGES: u64 = 0x9a9e;
+
+impl PagedCase {
+    /// Name fragment, e.g. `paged16-nhd-separate` (`-graph` when replayed from a graph).
+    pub fn name(&self) -> String {
+        format!(
+            "paged{}-{}-{}{}",
+            self.page_size,
+            self.order.name().to_lowercase(),
+            self.storage.name(),
+            if self.graph { "-graph" } else { "" }
+        )
+    }
+}
+
+/// The cache buffers of a paged case: one (combined) or two (K, V).
+#[derive(Clone, Debug)]
+pub struct PagedInputs {
+    /// The validated paged problem.
+    pub paged: PagedAttention,
+    /// The cache buffers.
+    pub buffers: Vec<HostTensor>,
+}
+
+impl PagedInputs {
+    /// The cache as the backends take it.
+    pub fn cache(&self) -> PagedKv<'_> {
+        match &self.buffers[..] {
+            [k, v] => PagedKv::Separate { k, v },
+            [kv] => PagedKv::Combined(kv),
+            _ => unreachable!("a cache has one or two buffers"),
+        }
+    }
+}
+
+impl Case {
+    /// The paged form of the case's K/V `k`, `v` (from [`Case::inputs`]): the cache and the
+    /// problem over it (see the module docs); `None` when the case is not paged.
+    pub fn paged_inputs(
+        &self,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Option<Result<PagedInputs, InvalidProblem>> {
+        let spec = self.paged?;
+        Some(build_cache(self, spec, k, v))
+    }
+}
+
+fn build_cache(
+    case: &Case,
+    spec: PagedCase,
+    k: &HostTensor,
+    v: &HostTensor,
+) -> Result<PagedInputs, InvalidProblem> {
+    let p = &case.problem;
+    let kv_lens: Vec<usize> = p.batch.lens().iter().map(|l| l.1).collect();
+    let used: usize = kv_lens.iter().map(|l| l.div_ceil(spec.page_size)).sum();
+    let num_pages = used + SPARE_PAGES;
+    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+    let mut rng = SplitMix64::with_salt(case.seed, SALT_PAGES);
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.range_usize(0, i));
+    }
+    let table = PageTable::from_kv_lens(&kv_lens, spec.page_size, &ids)?;
+    let layout = PagedKvLayout {
+        num_pages,
+        page_size: spec.page_size,
+        num_kv_heads: p.num_kv_heads,
+        head_dims: p.head_dims,
+        order: spec.order,
+        storage: spec.storage,
+        dtype: p.input_dtype,
+    };
+    layout.validate()?;
+    let mut buffers = match spec.storage {
+        KvStorage::Separate => vec![
+            HostTensor::nan(p.input_dtype, layout.k_buffer_len()),
+            HostTensor::nan(p.input_dtype, layout.v_buffer_len()),
+        ],
+        KvStorage::Combined => vec![HostTensor::nan(p.input_dtype, layout.k_buffer_len())],
+    };
+    let cache = match &mut buffers[..] {
+        [kb, vb] => PagedKvMut::Separate { k: kb, v: vb },
+        [kv] => PagedKvMut::Combined(kv),
+        _ => unreachable!("one or two buffers were made above"),
+    };
+    append_paged_kv(&layout, &table, &p.batch.kv_indptr, k, v, cache)?;
+    let paged = PagedAttention::new(p.clone(), layout, table)?;
+    Ok(PagedInputs { paged, buffers })
+}
+
+/// Page sizes, orders and storages the grid rotates through.
+const PAGE_SIZES: [usize; 3] = [1, 16, 64];
+const ORDERS: [KvOrder; 2] = [KvOrder::Nhd, KvOrder::Hnd];
+const STORAGES: [KvStorage; 2] = [KvStorage::Separate, KvStorage::Combined];
+
+fn layout_at(i: usize, graph: bool) -> PagedCase {
+    PagedCase {
+        page_size: PAGE_SIZES[i % PAGE_SIZES.len()],
+        order: ORDERS[(i / PAGE_SIZES.len()) % ORDERS.len()],
+        storage: STORAGES[(i / 2) % STORAGES.len()],
+        graph,
+    }
+}
+
+/// A Zipf-like skewed batch of decode requests: request `r` has about `max_kv / (r + 1)^0.8`
+/// keys, at least `min_kv`, shuffled.
+fn skewed_decode(
+    n: usize,
+    min_kv: usize,
+    max_kv: usize,
+    rng: &mut SplitMix64,
+) -> Vec<(usize, usize)> {
+    let mut lens: Vec<(usize, usize)> = (0..n)
+        .map(|r| {
+            let kv = (max_kv as f64 / ((r + 1) as f64).powf(0.8)) as usize;
+            (1, kv.max(min_kv))
+        })
+        .collect();
+    for i in (1..lens.len()).rev() {
+        lens.swap(i, rng.range_usize(0, i));
+    }
+    lens
+}
+
+/// The paged cases of `suite` for a backend with `caps` (see the module docs); their points
+/// and seeds follow the same rules as the ragged list's.
+pub fn paged_cases(
+    suite: Suite,
+    base_seed: u64,
+    caps: &BackendCaps,
+    batches: &[Vec<(usize, usize)>],
+) -> Vec<(Point, PagedCase, &'static str)> {
+    let cfg = |dtype, accum| DtypeConfig { dtype, accum };
+    let configs: Vec<DtypeConfig> = [
+        cfg(DType::F16, QkAccum::F32),
+        cfg(DType::Bf16, QkAccum::F32),
+        cfg(DType::F16, QkAccum::F16),
+    ]
+    .into_iter()
+    .filter(|&c| caps.supports(c))
+    .collect();
+    let dims: Vec<HeadDims> = HeadDims::all().collect();
+    let mut out = Vec::new();
+    if configs.is_empty() {
+        return out;
+    }
+    let mut rng = SplitMix64::with_salt(base_seed, 0xdec0);
+    let variants = |mi: usize| {
+        [
+            VariantSpec::None,
+            VariantSpec::SoftCap(SOFT_CAPS[mi % SOFT_CAPS.len()]),
+            VariantSpec::Alibi,
+            VariantSpec::Sinks,
+            VariantSpec::Custom,
+        ]
+    };
+    // Every mask x variant pair once over the quick batches.
+    let mut i = 0;
+    for (mi, &mask) in MASKS.iter().enumerate() {
+        for variant in variants(mi) {
+            let group = [1, 4, 8][i % 3];
+            let kv_heads = 1 + i % 2;
+            out.push((
+                Point {
+                    config: configs[i % configs.len()],
+                    head_dims: dims[(i + i / 4) % dims.len()],
+                    mask,
+                    variant,
+                    heads: (group * kv_heads, kv_heads),
+                    lens: batches[i % batches.len()].clone(),
+                },
+                layout_at(i, false),
+                "paged",
+            ));
+            i += 1;
+        }
+    }
+    // Batch decode: one query per request.
+    let decode_batches: Vec<Vec<(usize, usize)>> = {
+        let mut b = vec![
+            vec![(1, 32768)],
+            skewed_decode(7, 1, 4096, &mut rng),
+            (0..64)
+                .map(|_| (1, rng.range_usize(1, 2048)))
+                .collect::<Vec<_>>(),
+            vec![(1, 512); 256],
+        ];
+        if suite == Suite::Full {
+            b.push(skewed_decode(128, 64, 16384, &mut rng));
+            b.push(vec![(1, 4096); 64]);
+        }
+        b
+    };
+    let mut j = 0;
+    for lens in &decode_batches {
+        let reps = if suite == Suite::Full { 5 } else { 2 };
+        for r in 0..reps {
+            let group = [4, 8, 1][(j + r) % 3];
+            let kv_heads = if lens.len() >= 64 { 2 } else { 4 };
+            out.push((
+                Point {
+                    config: configs[j % configs.len()],
+                    head_dims: dims[[1, 0, 3, 2][j % 4] % dims.len()],
+                    mask: [MaskSpec::None, MaskSpec::Window(100), MaskSpec::Causal][j % 3],
+                    variant: variants(j)[j % 5],
+                    heads: (group * kv_heads, kv_heads),
+                    lens: lens.clone(),
+                },
+                PagedCase {
+                    page_size: [16, 1, 64][j % 3],
+                    ..layout_at(j, false)
+                },
+                "decode",
+            ));
+            j += 1;
+        }
+    }
+    // Paged prefill: chunks of new tokens over cached ones.
+    let prefill: Vec<(usize, usize)> = (0..16)
+        .map(|r| {
+            let new = rng.range_usize(1, 200);
+            (new, new + rng.range_usize(0, 600) + 64 * (r % 3))
+        })
+        .collect();
+    for (n, mask) in [MaskSpec::Causal, MaskSpec::Window(128)]
+        .into_iter()
+        .enumerate()
+    {
+        out.push((
+            Point {
+                config: configs[n % configs.len()],
+                head_dims: dims[1 % dims.len()],
+                mask,
+                variant: [VariantSpec::None, VariantSpec::SoftCap(50.0)][n],
+                heads: (32, 8),
+                lens: prefill.clone(),
+            },
+            PagedCase {
+                page_size: 16,
+                ..layout_at(n + 1, false)
+            },
+            "paged-prefill",
+        ));
+    }
+    if caps.graphs {
+        out.push((
+            Point {
+                config: configs[0],
+                head_dims: dims[1 % dims.len()],
+                mask: MaskSpec::None,
+                variant: VariantSpec::None,
+                heads: (32, 8),
+                lens: (0..48).map(|r| (1, 100 + 61 * r)).collect(),
+            },
+            layout_at(1, true),
+            "decode",
+        ));
+        out.push((
+            Point {
+                config: configs[configs.len() - 1],
+                head_dims: dims[0],
+                mask: MaskSpec::Causal,
+                variant: VariantSpec::Sinks,
+                heads: (8, 2),
+                lens: vec![(33, 300), (1, 77), (64, 64)],
+            },
+            layout_at(4, true),
+            "paged-prefill",
+        ));
+    }
+    // A combined buffer needs equal K and V head dims.
+    for (point, layout, _) in &mut out {
+        if point.head_dims.qk() != point.head_dims.vo() {
+            layout.storage = KvStorage::Separate;
+        }
+    }
+    out
+}
+
+/// The case name of a paged point.
+pub fn paged_case_name(point: &Point, paged: &PagedCase, tag: &str) -> String {
+    format!("{}/{}/{tag}", point.name(), paged.name())
+}
