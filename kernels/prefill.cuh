@@ -348,9 +348,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const i64_t kv_row0 = spec::KV_PAGED ? 0 : kv_start;
   const int* pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[request] : nullptr;
   const KvSource k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
-                        p.k_stride_token, pages, p.kv_page_stride, p.page_shift, p.page_mask};
+                        p.k_stride_token, pages, p.k_page_stride, p.page_shift, p.page_mask};
   const KvSource v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
-                        p.v_stride_token, pages, p.kv_page_stride, p.page_shift, p.page_mask};
+                        p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask};
 
   // K and V of tile t go to buffer t % 2 as cp.async groups; a group is committed even when empty
   // (past the last tile) so that every iteration waits for the same groups.

@@ -5,9 +5,11 @@
 //! `bytes`) that the peers' script reads, so no formula exists twice.
 
 use crate::dtype::DType;
+use crate::paged::{KvOrder, KvStorage, PageTable, PagedAttention, PagedKvLayout};
 use crate::problem::{
     AttentionProblem, HeadDims, InvalidProblem, Mask, QkAccum, RaggedBatch, Variant,
 };
+use crate::testing::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 /// One prefill benchmark shape, as `bench/shapes.json` writes it.
@@ -45,6 +47,9 @@ pub struct PrefillShape {
     /// `f32` or `f16`.
     #[serde(default = "default_accum")]
     pub qk_accum: String,
+    /// Paged shapes only: tokens per page of the cache (NHD, separate K and V).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<usize>,
 }
 
 fn default_accum() -> String {
@@ -54,9 +59,29 @@ fn default_accum() -> String {
 /// The file's layout.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShapeFile {
-    /// Prefill shapes.
+    /// Prefill shapes (ragged K/V).
     pub prefill: Vec<PrefillShape>,
+    /// Paged shapes: batch decode (every `qo_len` 1) and paged prefill, each with a `page_size`.
+    #[serde(default)]
+    pub paged: Vec<PrefillShape>,
 }
+
+/// The page table of a paged shape, as the peers take it (FlashInfer's `paged_kv_indptr`,
+/// `paged_kv_indices`, `paged_kv_last_page_len`) and the cache size.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResolvedPages {
+    /// Pages in the cache.
+    pub num_pages: usize,
+    /// Pages per request, prefix sums.
+    pub kv_page_indptr: Vec<i32>,
+    /// Page ids (a seeded shuffle of `0..num_pages`).
+    pub kv_page_indices: Vec<i32>,
+    /// Tokens in each request's last page.
+    pub kv_last_page_len: Vec<i32>,
+}
+
+/// Seed of the page shuffle of paged shapes: both sides read the table from the resolved list.
+const PAGE_SHUFFLE_SEED: u64 = 0x9a6e_5eed;
 
 /// A shape with its work figures.
 #[derive(Clone, Debug, Serialize)]
@@ -68,6 +93,9 @@ pub struct ResolvedShape {
     pub flops: f64,
     /// Bytes of Q, K, V read and O written.
     pub bytes: f64,
+    /// Paged shapes: the page table.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub pages: Option<ResolvedPages>,
 }
 
 impl PrefillShape {
@@ -137,14 +165,58 @@ impl PrefillShape {
         Ok(p)
     }
 
-    /// The shape with its FLOP and byte counts.
+    /// The shape with its FLOP and byte counts (and its page table when paged).
     pub fn resolve(&self) -> Result<ResolvedShape, InvalidProblem> {
         let p = self.problem()?;
+        let pages = match self.page_size {
+            Some(_) => {
+                let paged = self.paged_problem()?;
+                let t = paged.table();
+                Some(ResolvedPages {
+                    num_pages: paged.layout().num_pages,
+                    kv_page_indptr: t.kv_page_indptr.clone(),
+                    kv_page_indices: t.kv_page_indices.clone(),
+                    kv_last_page_len: t.kv_last_page_len.clone(),
+                })
+            }
+            None => None,
+        };
         Ok(ResolvedShape {
             shape: self.clone(),
             flops: prefill_flops(&p),
             bytes: prefill_bytes(&p),
+            pages,
         })
+    }
+
+    /// The paged problem of a paged shape: the cache holds exactly the batch's pages (NHD,
+    /// separate K and V), in a seeded shuffle.
+    pub fn paged_problem(&self) -> Result<PagedAttention, InvalidProblem> {
+        let page_size = self.page_size.ok_or_else(|| {
+            InvalidProblem::new(
+                format!("shape {} page_size", self.name),
+                "is missing: not a paged shape",
+            )
+        })?;
+        let p = self.problem()?;
+        let kv_lens: Vec<usize> = p.batch.lens().iter().map(|l| l.1).collect();
+        let num_pages: usize = kv_lens.iter().map(|l| l.div_ceil(page_size.max(1))).sum();
+        let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+        let mut rng = SplitMix64::new(PAGE_SHUFFLE_SEED);
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.range_usize(0, i));
+        }
+        let table = PageTable::from_kv_lens(&kv_lens, page_size, &ids)?;
+        let layout = PagedKvLayout {
+            num_pages,
+            page_size,
+            num_kv_heads: p.num_kv_heads,
+            head_dims: p.head_dims,
+            order: KvOrder::Nhd,
+            storage: KvStorage::Separate,
+            dtype: p.input_dtype,
+        };
+        PagedAttention::new(p, layout, table)
     }
 }
 
@@ -206,6 +278,7 @@ mod tests {
             dtype: "f16".into(),
             soft_cap: None,
             qk_accum: "f32".into(),
+            page_size: None,
         }
     }
 
@@ -235,9 +308,25 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/shapes.json"))
                 .expect("bench/shapes.json is part of the repository");
         let file = parse(&text).unwrap();
-        assert!(!file.prefill.is_empty());
+        assert!(!file.prefill.is_empty() && !file.paged.is_empty());
         for s in &file.prefill {
+            assert!(
+                s.page_size.is_none(),
+                "{}: prefill shapes are ragged",
+                s.name
+            );
             s.resolve().unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        }
+        for s in &file.paged {
+            let r = s.resolve().unwrap_or_else(|e| panic!("{}: {e}", s.name));
+            let pages = r.pages.expect("paged shapes resolve a page table");
+            let mut ids = pages.kv_page_indices.clone();
+            ids.sort();
+            assert!(
+                ids.iter().copied().eq(0..pages.num_pages as i32),
+                "{}",
+                s.name
+            );
         }
     }
 }

@@ -37,6 +37,12 @@ pub trait Backend {
         k: &HostTensor,
         v: &HostTensor,
     ) -> Result<AttentionOutput, Error>;
+    /// Gets ready to run `cases` (the GPU backend compiles their kernels in parallel into the
+    /// disk cache, with progress); nothing by default.
+    fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
+        let _ = cases;
+        Ok(())
+    }
     /// Computes a paged problem on the host cache; with `graph`, through a captured and replayed
     /// CUDA graph (only asked of backends whose caps say `graphs`).
     fn run_paged(

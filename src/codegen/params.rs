@@ -82,9 +82,12 @@ kernel_params! {
         o_stride_token: i64 => "long long",
         /// O head stride.
         o_stride_head: i64 => "long long",
-        /// Paged KV: elements between consecutive pages of K (and of V); 0 when ragged. K/V
-        /// token strides are then the strides within a page.
-        kv_page_stride: i64 => "long long",
+        /// Paged KV: elements between consecutive pages of K; 0 when ragged. K/V token strides
+        /// are then the strides within a page.
+        k_page_stride: i64 => "long long",
+        /// Paged KV: elements between consecutive pages of V (differs from K's when the head
+        /// dims differ and K and V are separate); 0 when ragged.
+        v_page_stride: i64 => "long long",
         /// Query heads.
         num_qo_heads: i32 => "int",
         /// Query heads per KV head.

@@ -2,12 +2,16 @@
 
 use super::engine::Engine;
 use super::paged::PagedRunMode;
+use crate::codegen::{self, KernelSpec, KvCache};
+use crate::jit::batch::{compile_all, BatchJob, Progress};
+use crate::jit::CompileOptions;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
-use crate::testing::BackendCaps;
+use crate::testing::{BackendCaps, Case};
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
+use std::collections::HashSet;
 
 /// Runs each problem through [`Engine::prefill_host`] (outputs poisoned with NaN first).
 pub struct CudaBackend {
@@ -55,6 +59,44 @@ impl Backend for CudaBackend {
         v: &HostTensor,
     ) -> Result<AttentionOutput, Error> {
         self.engine.prefill_host(problem, q, k, v)
+    }
+
+    /// Compiles the distinct kernels of `cases` on every core into the disk cache, so that the
+    /// sequential runs only load them. Without a disk cache there is nothing to keep them in,
+    /// and each run compiles its own. A kernel that fails here fails again in its case's run,
+    /// which reports it.
+    fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
+        let jit = self.engine.jit();
+        if jit.cache().is_none() {
+            return Ok(());
+        }
+        let options = CompileOptions::new(self.engine.info().arch);
+        let mut seen = HashSet::new();
+        let mut jobs = Vec::new();
+        for case in cases {
+            let kv = if case.paged.is_some() {
+                KvCache::Paged
+            } else {
+                KvCache::Ragged
+            };
+            let Ok(spec) = KernelSpec::for_problem(&case.problem, kv) else {
+                continue;
+            };
+            let r = codegen::render(&spec);
+            if seen.insert(r.name.clone()) {
+                jobs.push(BatchJob {
+                    name: r.name,
+                    entry: r.entry,
+                    source: r.source,
+                    snippets: r.snippets,
+                    options: options.clone(),
+                });
+            }
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let progress = Progress::auto(jobs.len(), "kernels");
+        compile_all(jit, &jobs, threads, &progress)?;
+        Ok(())
     }
 
     fn run_paged(

@@ -218,7 +218,6 @@ impl PagedPlan {
         let elem = l.dtype.size_bytes() as u64;
         let (k_base, k_page, k_token, k_head) = cache_strides(l, true);
         let (v_base, v_page, v_token, v_head) = cache_strides(l, false);
-        debug_assert_eq!(k_page, v_page, "K and V pages are equally spaced");
         let address = KvAddress {
             k: k_buf.device_address(stream) + k_base as u64 * elem,
             v: v_buf.device_address(stream) + v_base as u64 * elem,
@@ -229,7 +228,8 @@ impl PagedPlan {
             pages: Some(PageAddress {
                 indptr: cudarc::driver::DevicePtr::device_ptr(&self.page_indptr, stream).0,
                 indices: cudarc::driver::DevicePtr::device_ptr(&self.page_indices, stream).0,
-                page_stride: k_page,
+                k_page_stride: k_page,
+                v_page_stride: v_page,
                 page_size: l.page_size,
             }),
         };
@@ -309,7 +309,7 @@ impl Engine {
                         d.write(stream, h)?;
                     }
                     o.write(stream, &HostTensor::nan(o.dtype(), o.len()))?;
-                    if let Some(l) = lse.as_deref_mut() {
+                    if let Some(l) = lse {
                         l.write(stream, &HostTensor::nan(l.dtype(), l.len()))?;
                     }
                     graph.launch().during("replaying the graph")?;
@@ -337,5 +337,50 @@ fn negated(t: &HostTensor) -> HostTensor {
         HostTensor::F16(v) => HostTensor::F16(v.iter().map(|x| -*x).collect()),
         HostTensor::Bf16(v) => HostTensor::Bf16(v.iter().map(|x| -*x).collect()),
         HostTensor::F32(v) => HostTensor::F32(v.iter().map(|x| -x).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::paged::KvOrder;
+    use crate::problem::HeadDims;
+
+    /// The strides the kernel gets reproduce the layout's own address of every element, for K
+    /// and V, both orders and storages, equal and unequal head dims.
+    #[test]
+    fn cache_strides_reproduce_the_layout_address() {
+        for (qk, vo) in [(128, 128), (192, 128)] {
+            for order in [KvOrder::Nhd, KvOrder::Hnd] {
+                for storage in [KvStorage::Separate, KvStorage::Combined] {
+                    let layout = PagedKvLayout {
+                        num_pages: 5,
+                        page_size: 4,
+                        num_kv_heads: 3,
+                        head_dims: HeadDims::new(qk, vo).unwrap(),
+                        order,
+                        storage,
+                        dtype: DType::F16,
+                    };
+                    if layout.validate().is_err() {
+                        continue;
+                    }
+                    for is_k in [true, false] {
+                        let (base, page, token, head) = cache_strides(&layout, is_k);
+                        for (p, s, h) in [(0, 0, 0), (4, 3, 2), (2, 1, 1), (3, 0, 2)] {
+                            let want = if is_k {
+                                layout.k_index(p, s, h, 0)
+                            } else {
+                                layout.v_index(p, s, h, 0)
+                            };
+                            let got =
+                                base as i64 + p as i64 * page + s as i64 * token + h as i64 * head;
+                            assert_eq!(got, want as i64, "{layout:?} k={is_k} ({p},{s},{h})");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -49,7 +49,8 @@ pub(crate) struct KvAddress {
 pub(crate) struct PageAddress {
     pub indptr: u64,
     pub indices: u64,
-    pub page_stride: i64,
+    pub k_page_stride: i64,
+    pub v_page_stride: i64,
     pub page_size: usize,
 }
 
@@ -229,7 +230,8 @@ impl KernelPlan {
             v_stride_head: kv.v_stride_head,
             o_stride_token: (p.num_qo_heads * dvo) as i64,
             o_stride_head: dvo as i64,
-            kv_page_stride: page.page_stride,
+            k_page_stride: page.k_page_stride,
+            v_page_stride: page.v_page_stride,
             num_qo_heads: p.num_qo_heads as i32,
             group_size: p.group_size() as i32,
             window_left: match p.mask {

@@ -1,14 +1,18 @@
-//! `attnforge bench`: times the GPU prefill kernel on the shared shape list, after checking it.
+//! `attnforge bench`: times the GPU kernels on the shared shape list, after checking them.
 //!
-//! Each shape is first run once and compared with the exact reference on sampled rows: a wrong
-//! kernel is reported as `wrong` and makes the command fail, so a fast wrong kernel never
-//! becomes a result. Then CUDA events time `--runs` launches after `--warmup` launches, rotating
-//! among input copies when one set would sit in L2, and the median is reported.
+//! Two suites: `prefill` (ragged K/V) and `paged` (batch decode and paged prefill over a paged
+//! cache, with the page table the resolved shape list gives the peers too). Each shape is first
+//! run once and compared with the exact reference on sampled rows: a wrong kernel is reported as
+//! `wrong` and makes the command fail, so a fast wrong kernel never becomes a result. Then CUDA
+//! events time `--runs` launches after `--warmup` launches, rotating among input copies when one
+//! set would sit in L2, and the median is reported.
 
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
-use attnforge::cuda::{DeviceTensor, Engine, PrefillPlan};
+use attnforge::cuda::{DevicePagedKv, DeviceTensor, Engine, PagedPlan, PrefillPlan};
+use attnforge::paged::{append_paged_kv, PagedKvMut};
 use attnforge::shapes::{self, ResolvedShape};
+use attnforge::tensor::HostTensor;
 use attnforge::testing::random_inputs;
 use attnforge::verify::sample_rows;
 use attnforge::{reference, AttentionProblem, DType, Error};
@@ -24,8 +28,29 @@ const L2_BYTES: f64 = 60.0 * 1024.0 * 1024.0;
 /// Rows of each output compared with the reference before timing.
 const CHECK_ROWS: usize = 48;
 
+/// Which list of `bench/shapes.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSuite {
+    /// Prefill over ragged K/V.
+    Prefill,
+    /// Batch decode and paged prefill over a paged KV cache.
+    Paged,
+}
+
+impl BenchSuite {
+    fn name(self) -> &'static str {
+        match self {
+            BenchSuite::Prefill => "prefill",
+            BenchSuite::Paged => "paged",
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
+    /// The shape list of `--shapes` to run.
+    #[arg(long, value_enum, default_value_t = BenchSuite::Prefill)]
+    suite: BenchSuite,
     /// The shape list.
     #[arg(long, default_value = "bench/shapes.json")]
     shapes: PathBuf,
@@ -77,8 +102,12 @@ fn selected(args: &BenchArgs) -> Result<Vec<ResolvedShape>, Error> {
         )
     })?;
     let file = shapes::parse(&text)?;
+    let list = match args.suite {
+        BenchSuite::Prefill => file.prefill,
+        BenchSuite::Paged => file.paged,
+    };
     let mut out = Vec::new();
-    for s in file.prefill {
+    for s in list {
         let wanted = match &args.filter {
             Some(f) => s.name.contains(f.as_str()),
             None => args.all || s.default,
@@ -165,7 +194,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
 
 fn bench_one<'a>(engine: &Engine, shape: &'a ResolvedShape, args: &BenchArgs) -> ResultLine<'a> {
     let mut line = ResultLine {
-        suite: "prefill",
+        suite: args.suite.name(),
         shape: &shape.shape.name,
         implementation: "attnforge",
         status: String::new(),
@@ -175,7 +204,11 @@ fn bench_one<'a>(engine: &Engine, shape: &'a ResolvedShape, args: &BenchArgs) ->
         runs: 0,
         kernel: None,
     };
-    match measure(engine, shape, args, &mut line) {
+    let measured = match args.suite {
+        BenchSuite::Prefill => measure(engine, shape, args, &mut line),
+        BenchSuite::Paged => measure_paged(engine, shape, args, &mut line),
+    };
+    match measured {
         Ok(status) => line.status = status,
         Err(e) => line.status = format!("error: {e}"),
     }
@@ -192,7 +225,7 @@ fn measure(
     let problem: AttentionProblem = shape.shape.problem()?;
     let plan = PrefillPlan::with_tile(engine, &problem, args.tile)?;
     line.kernel = Some(plan.spec().name());
-    let copies = ((2.0 * L2_BYTES / shape.bytes).ceil() as usize).clamp(1, 16);
+    let copies = copies_for(shape);
     let stream = engine.stream();
     let mut sets = Vec::new();
     for c in 0..copies {
@@ -228,22 +261,47 @@ fn measure(
         return Ok(format!("wrong: {cmp}"));
     }
 
+    time_runs(engine, shape, args, line, |i| {
+        let (q, k, v, ..) = &sets[i % copies];
+        plan.run(engine, q, k, v, &mut o, Some(&mut lse))
+    })
+}
+
+/// Input copies that make one run's working set at least twice the L2 (at most 16).
+fn copies_for(shape: &ResolvedShape) -> usize {
+    ((2.0 * L2_BYTES / shape.bytes).ceil() as usize).clamp(1, 16)
+}
+
+/// Warm-up, then `args.runs` timed launches (`launch(i)` runs with input copy `i`), each between
+/// two CUDA events; the median goes into `line`.
+fn time_runs(
+    engine: &Engine,
+    shape: &ResolvedShape,
+    args: &BenchArgs,
+    line: &mut ResultLine,
+    mut launch: impl FnMut(usize) -> Result<(), Error>,
+) -> Result<String, Error> {
+    let stream = engine.stream();
     for i in 0..args.warmup {
-        let (q, k, v, ..) = &sets[i % copies];
-        plan.run(engine, q, k, v, &mut o, Some(&mut lse))?;
+        launch(i)?;
     }
-    let mut times = Vec::with_capacity(args.runs);
+    // Every run is enqueued before any is waited for, so the GPU never idles between runs
+    // waiting for the host's next launch (that gap would count in short kernels' times).
+    let mut events = Vec::with_capacity(args.runs);
     for i in 0..args.runs {
-        let (q, k, v, ..) = &sets[i % copies];
         let start = stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(cuda("event"))?;
-        plan.run(engine, q, k, v, &mut o, Some(&mut lse))?;
+        launch(i)?;
         let end = stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(cuda("event"))?;
-        end.synchronize().map_err(cuda("event synchronisation"))?;
-        times.push(start.elapsed_ms(&end).map_err(cuda("event timing"))? as f64);
+        events.push((start, end));
+    }
+    engine.synchronize()?;
+    let mut times = Vec::with_capacity(args.runs);
+    for (start, end) in &events {
+        times.push(start.elapsed_ms(end).map_err(cuda("event timing"))? as f64);
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
@@ -252,6 +310,92 @@ fn measure(
     line.tbps = Some(shape.bytes / (median * 1e-3) / 1e12);
     line.runs = times.len();
     Ok("ok".into())
+}
+
+/// One input set of a paged shape: the queries and the cache on the device.
+struct PagedSet {
+    q: DeviceTensor,
+    k_cache: DeviceTensor,
+    v_cache: DeviceTensor,
+}
+
+/// Checks, then times a paged shape; returns the status (`ok` or `wrong: ...`).
+fn measure_paged(
+    engine: &Engine,
+    shape: &ResolvedShape,
+    args: &BenchArgs,
+    line: &mut ResultLine,
+) -> Result<String, Error> {
+    let paged = shape.shape.paged_problem()?;
+    let problem = paged.problem().clone();
+    let layout = *paged.layout();
+    let plan = PagedPlan::with_tile(engine, &paged, args.tile)?;
+    line.kernel = Some(format!(
+        "{} ({} CTAs{})",
+        plan.spec().name(),
+        plan.num_ctas(),
+        plan.kv_split()
+            .map_or(String::new(), |s| format!(", KV chunks of {}", s.chunk))
+    ));
+    let copies = copies_for(shape);
+    let stream = engine.stream();
+    let mut sets = Vec::new();
+    let mut first = None;
+    for c in 0..copies {
+        let (q, k, v) = random_inputs(&problem, args.seed.wrapping_add(c as u64));
+        let mut k_cache = HostTensor::nan(layout.dtype, layout.k_buffer_len());
+        let mut v_cache = HostTensor::nan(layout.dtype, layout.v_buffer_len());
+        append_paged_kv(
+            &layout,
+            paged.table(),
+            &problem.batch.kv_indptr,
+            &k,
+            &v,
+            PagedKvMut::Separate {
+                k: &mut k_cache,
+                v: &mut v_cache,
+            },
+        )?;
+        sets.push(PagedSet {
+            q: engine.upload(&q)?,
+            k_cache: engine.upload(&k_cache)?,
+            v_cache: engine.upload(&v_cache)?,
+        });
+        if c == 0 {
+            first = Some((q, k, v));
+        }
+    }
+    let mut o = DeviceTensor::nan(stream, problem.output_dtype, problem.output_len())?;
+    let mut lse = DeviceTensor::nan(
+        stream,
+        DType::F32,
+        problem.batch.total_qo() * problem.num_qo_heads,
+    )?;
+    let run = |set: &PagedSet, o: &mut DeviceTensor, lse: &mut DeviceTensor| {
+        let cache = DevicePagedKv::Separate {
+            k: &set.k_cache,
+            v: &set.v_cache,
+        };
+        plan.run(engine, &set.q, cache, o, Some(lse))
+    };
+
+    // Correctness first, on the first input set, against the reference on the ragged K/V.
+    run(&sets[0], &mut o, &mut lse)?;
+    engine.synchronize()?;
+    let out = attnforge::AttentionOutput {
+        o: o.download(stream)?,
+        lse: Some(lse.download(stream)?.to_f32_vec()),
+    };
+    let (qh, kh, vh) = first.as_ref().expect("at least one input copy");
+    let rows = sample_rows(&problem, CHECK_ROWS);
+    let expected = reference::attention_rows(&problem, qh, kh, vh, &rows)?;
+    let cmp = compare_rows(&out, problem.num_qo_heads, &rows, &expected);
+    if !cmp.passes(&Tolerance::for_problem(&problem)) {
+        return Ok(format!("wrong: {cmp}"));
+    }
+    time_runs(engine, shape, args, line, |i| {
+        run(&sets[i % copies], &mut o, &mut lse)
+    })
 }
 
 fn parse_tile(s: &str) -> Result<TileConfig, String> {

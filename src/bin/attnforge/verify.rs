@@ -79,6 +79,10 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         args.seed,
         backend.describe()
     );
+    if let Err(e) = backend.prepare(&selected) {
+        eprintln!("error: preparing the cases: {e}");
+        return ExitCode::FAILURE;
+    }
     let summary = run_cases(backend.as_ref(), &selected, |r| {
         report(r, args.seed, args.verbose)
     });
