@@ -1,29 +1,44 @@
 #!/usr/bin/env python3
-"""The peers' side of the prefill benchmark: FlashInfer 0.5.3 (FA2) and torch SDPA (flash and
-cuDNN backends), timed on the very shapes that `attnforge bench` times.
+"""The peers' side of attnforge's GPU benchmarks, timed on the very shapes that `attnforge bench`
+times. Two suites:
 
-Input: the RESOLVED shape list printed by `attnforge bench --print-shapes` (a JSON list of the
-`bench/shapes.json` objects with `flops` and `bytes` added). FLOP and byte counts are taken from
-that file, never recomputed here, so both sides share one formula. Output: one JSON line per
-(shape, impl) in the benchmark data contract (docs/gpu-workflow.md), plus a short table on stdout.
+  prefill  FlashInfer 0.5.3 FA2 (single prefill, ragged batch prefill) and torch SDPA (flash and
+           cuDNN backends) on contiguous K/V.
+  paged    FlashInfer 0.5.3 over a paged KV cache (NHD, separate K and V pages): batch decode with
+           BatchDecodeWithPagedKVCacheWrapper (CUDA cores, and tensor cores), batch paged prefill
+           with BatchPrefillWithPagedKVCacheWrapper (FA2). torch SDPA has no paged KV cache and
+           is left out of this suite.
+
+Input: the RESOLVED shape list printed by `attnforge bench [--suite paged] --print-shapes` (a JSON
+list of shape objects with `flops` and `bytes` added; paged shapes also carry the page table).
+FLOP and byte counts are taken from that file, never recomputed here, so both sides share one
+formula. Output: one JSON line per (shape, impl that applies to it) in the benchmark data contract
+(docs/gpu-workflow.md), plus a short table on stdout.
 
 Method, per (shape, impl):
   1. A peer that cannot run the shape is reported, never skipped: "missing: why" when the feature
-     does not exist there (torch has no soft-cap and no f16 QK accumulation), "error: why" when it
-     fails (FlashInfer's f16-QK kernels fail to compile with nvcc 13: that is expected).
+     does not exist there (torch has no soft-cap and no f16 QK accumulation, FlashInfer's decode
+     wrapper has no f16 QK accumulation), "error: why" when it fails (FlashInfer's f16-QK kernels
+     fail to compile with nvcc 13: that is expected). In the paged suite the decode wrappers apply
+     to decode shapes (every qo_len 1, not causal) and the paged prefill wrapper to the others.
   2. FlashInfer JIT-compiles one module per configuration (dtype, head dims, soft-cap on/off,
-     f16 QK, single or batch) on its first call. Every configuration is compiled on a tiny problem
-     before any timing, in one shared JIT folder; a configuration that fails to compile is not
-     retried for its other shapes.
+     f16 QK, and which kernel family) on its first call. Every configuration is compiled on a tiny
+     problem before any timing, in one shared JIT folder; a configuration that fails to compile is
+     not retried for its other shapes.
   3. The output of one call is checked against a float64 reference on a few rows of a few
-     requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time.
+     requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time. For
+     paged shapes the reference reads K/V gathered from the pages through the page table.
   4. Timing: CUDA events around each run, after warm-up; median of MIN_RUNS..MAX_RUNS runs. Inputs
-     rotate among several random-normal copies when the working set is under 2x L2. The GPU is kept
-     busy (torch.cuda._sleep) while the runs are enqueued, so the host's per-call Python overhead
-     does not show up as idle gaps between runs on small shapes.
+     rotate among several random-normal copies when the working set is under 2x L2 (paged: whole
+     copies of q, k_cache and v_cache, one page table). The GPU is kept busy (torch.cuda._sleep)
+     while the runs are enqueued, so the host's per-call Python overhead does not show up as idle
+     gaps between runs on small shapes.
 
-Usage (on the GPU machine): python3 bench/peers.py shapes-resolved.json --out peers.jsonl
-Also: --dry-run (print the plan, no GPU), --self-test (checks the reference on the CPU).
+Usage (on the GPU machine):
+  python3 bench/peers.py shapes-prefill.json --out peers-prefill.jsonl
+  python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
+Also: --dry-run (print the plan, no GPU, no torch), --self-test (checks the reference, and the
+page gather of the paged suite, on the CPU), --impls and --filter (narrow a run).
 """
 
 import argparse
@@ -35,11 +50,19 @@ import sys
 import time
 import warnings
 
-SUITE = "prefill"
+SUITE_PREFILL = "prefill"
+SUITE_PAGED = "paged"
 IMPL_FLASHINFER = "flashinfer-fa2"
 IMPL_TORCH_FLASH = "torch-flash"
 IMPL_TORCH_CUDNN = "torch-cudnn"
-ALL_IMPLS = [IMPL_FLASHINFER, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN]
+IMPL_FI_DECODE = "flashinfer-decode"
+IMPL_FI_DECODE_TC = "flashinfer-decode-tc"
+IMPL_FI_PAGED_PREFILL = "flashinfer-paged-prefill"
+# The peers of each suite, in the order of the report's columns (bench/report.py reads this).
+SUITE_IMPLS = {
+    SUITE_PREFILL: [IMPL_FLASHINFER, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN],
+    SUITE_PAGED: [IMPL_FI_DECODE, IMPL_FI_DECODE_TC, IMPL_FI_PAGED_PREFILL],
+}
 
 L2_BYTES_FALLBACK = 60 * 1000 * 1000  # H200; the device's own figure is used when torch gives it
 ROTATE_BELOW_L2_MULTIPLE = 2  # rotate inputs when one copy's working set is under 2x L2
@@ -56,6 +79,8 @@ ASSUMED_CLOCK_KHZ = 2_000_000
 CHECK_REQUESTS = 3  # first, middle and last request of a batch
 TOLERANCE = {"f16": 1e-2, "bf16": 3e-2}  # relative L2 error of o on the checked rows
 JIT_PROBE_LENS = {"single": [128], "batch": [64, 96]}
+JIT_PROBE_PAGED = {"qo_lens": [5, 3], "kv_pages": [3, 1]}  # decode probes use qo_lens 1
+INPUT_MEMORY_BUDGET = 16 * 1000 ** 3  # all rotated copies of a shape's inputs together
 FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 DEFAULT_JIT_DIR = "/tmp/attnforge-flashinfer-jit"
 SEED = 20261130
@@ -63,10 +88,29 @@ ERROR_TEXT_LIMIT = 300
 
 REQUIRED_FIELDS = ["name", "qo_lens", "kv_lens", "num_qo_heads", "num_kv_heads", "causal",
                    "dtype", "qk_accum", "flops", "bytes"]
+PAGED_FIELDS = ["page_size", "num_pages", "kv_page_indptr", "kv_page_indices",
+                "kv_last_page_len"]
+DTYPE_BYTES = {"f16": 2, "bf16": 2}
+
+
+def is_decode(obj):
+    """A paged shape (a dict or a Shape) is a decode shape when every qo_len is 1 and it is not
+    causal; any other paged shape is a paged prefill shape. bench/report.py groups by this."""
+    get = obj.get if isinstance(obj, dict) else (lambda field: getattr(obj, field))
+    return all(int(n) == 1 for n in get("qo_lens")) and not get("causal")
+
+
+def prefix_sums(lens):
+    acc = [0]
+    for n in lens:
+        acc.append(acc[-1] + n)
+    return acc
 
 
 class Shape:
     """One resolved prefill shape (single request when it has one length, else a ragged batch)."""
+
+    suite = SUITE_PREFILL
 
     def __init__(self, obj):
         for field in REQUIRED_FIELDS:
@@ -114,6 +158,26 @@ class Shape:
             qs, ks = qs + ql, ks + kl
         return out
 
+    def kv_sizes(self):
+        """Sizes of the K and V tensors that hold the keys and values of the whole batch."""
+        tk = sum(self.kv_lens)
+        return (tk, self.hkv, self.d_qk), (tk, self.hkv, self.d_vo)
+
+    def index_arrays(self):
+        """The int32 index arrays the peers are given, by name."""
+        return {"qo_indptr": prefix_sums(self.qo_lens), "kv_indptr": prefix_sums(self.kv_lens)}
+
+    def request_kv(self, k, v, r):
+        """Request r's keys and values, [kv_len, hkv, d] each, from the batch's K and V."""
+        _, _, ks, kl = self.requests()[r]
+        return k[ks:ks + kl], v[ks:ks + kl]
+
+    def input_bytes(self):
+        """Bytes of one copy of the inputs (q, K, V or the K/V caches) as allocated."""
+        elements = sum(self.qo_lens) * self.hq * self.d_qk
+        elements += sum(math.prod(size) for size in self.kv_sizes())
+        return DTYPE_BYTES[self.dtype] * elements
+
     def probe(self):
         """A tiny shape of the same FlashInfer configuration, used to trigger its JIT build."""
         lens = JIT_PROBE_LENS["single" if self.single else "batch"]
@@ -123,6 +187,101 @@ class Shape:
                "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
                "flops": 0, "bytes": 0}
         return Shape(obj)
+
+
+class PagedShape(Shape):
+    """One resolved paged shape: a batch whose K and V live in pages of a cache (NHD, separate K
+    and V caches of [num_pages, page_size, num_kv_heads, head_dim]), found through FlashInfer's
+    page table (kv_page_indptr, kv_page_indices, kv_last_page_len). Always a batch."""
+
+    suite = SUITE_PAGED
+
+    def __init__(self, obj):
+        super().__init__(obj)
+        for field in PAGED_FIELDS:
+            if field not in obj:
+                raise ValueError(f"shape {self.name!r}: missing field {field!r}")
+        self.page_size = int(obj["page_size"])
+        self.num_pages = int(obj["num_pages"])
+        self.kv_page_indptr = [int(x) for x in obj["kv_page_indptr"]]
+        self.kv_page_indices = [int(x) for x in obj["kv_page_indices"]]
+        self.kv_last_page_len = [int(x) for x in obj["kv_last_page_len"]]
+        self._validate_table()
+
+    def _validate_table(self):
+        """The page table must describe exactly kv_lens, with every page id inside the cache."""
+        name, ps, batch = self.name, self.page_size, len(self.kv_lens)
+        if ps < 1 or ps & (ps - 1):
+            raise ValueError(f"shape {name!r}: page_size {ps} is not a power of two")
+        indptr, indices, last = self.kv_page_indptr, self.kv_page_indices, self.kv_last_page_len
+        if len(indptr) != batch + 1 or indptr[0] != 0:
+            raise ValueError(f"shape {name!r}: kv_page_indptr needs {batch + 1} entries from 0")
+        if len(last) != batch:
+            raise ValueError(f"shape {name!r}: kv_last_page_len needs {batch} entries")
+        if len(indices) != indptr[-1]:
+            raise ValueError(f"shape {name!r}: kv_page_indices has {len(indices)} ids, "
+                             f"kv_page_indptr ends at {indptr[-1]}")
+        bad = [p for p in indices if not 0 <= p < self.num_pages]
+        if bad:
+            raise ValueError(f"shape {name!r}: page id {bad[0]} outside 0..{self.num_pages}")
+        for r in range(batch):
+            pages = indptr[r + 1] - indptr[r]
+            if pages < 0:
+                raise ValueError(f"shape {name!r}: kv_page_indptr decreases at request {r}")
+            lo = 1 if pages else 0
+            if not lo <= last[r] <= (ps if pages else 0):
+                raise ValueError(f"shape {name!r}: kv_last_page_len[{r}] = {last[r]} with "
+                                 f"{pages} pages of {ps}")
+            kv_len = (pages - 1) * ps + last[r] if pages else 0
+            if kv_len != self.kv_lens[r]:
+                raise ValueError(f"shape {name!r}: request {r} has {kv_len} keys in its pages "
+                                 f"but kv_lens[{r}] = {self.kv_lens[r]}")
+
+    @property
+    def single(self):
+        return False
+
+    @property
+    def decode(self):
+        return is_decode(self)
+
+    def kv_sizes(self):
+        cache = (self.num_pages, self.page_size, self.hkv)
+        return cache + (self.d_qk,), cache + (self.d_vo,)
+
+    def index_arrays(self):
+        return {"qo_indptr": prefix_sums(self.qo_lens), "kv_page_indptr": self.kv_page_indptr,
+                "kv_page_indices": self.kv_page_indices,
+                "kv_last_page_len": self.kv_last_page_len}
+
+    def request_kv(self, k_cache, v_cache, r):
+        """Request r's keys and values gathered from the caches: token j is at page
+        kv_page_indices[kv_page_indptr[r] + j // page_size], slot j % page_size."""
+        import torch  # noqa: PLC0415 (only the GPU run and the self-test come here)
+        ids = self.kv_page_indices[self.kv_page_indptr[r]:self.kv_page_indptr[r + 1]]
+        pages = torch.tensor(ids, dtype=torch.long, device=k_cache.device)
+        kl = self.kv_lens[r]
+
+        def gather(cache):
+            return cache.index_select(0, pages).reshape(-1, *cache.shape[2:])[:kl]
+        return gather(k_cache), gather(v_cache)
+
+    def probe(self):
+        """A tiny paged shape of the same FlashInfer configuration and kind (decode or not)."""
+        ps = self.page_size
+        pages = JIT_PROBE_PAGED["kv_pages"]
+        kv_lens = [(n - 1) * ps + 1 for n in pages]
+        qo_lens = [1] * len(pages) if self.decode else \
+            [min(q, k) for q, k in zip(JIT_PROBE_PAGED["qo_lens"], kv_lens)]
+        obj = {"name": self.name + "#jit-probe", "qo_lens": qo_lens, "kv_lens": kv_lens,
+               "num_qo_heads": self.hq, "num_kv_heads": self.hkv,
+               "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
+               "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
+               "flops": 0, "bytes": 0, "page_size": ps, "num_pages": sum(pages),
+               "kv_page_indptr": prefix_sums(pages),
+               "kv_page_indices": list(reversed(range(sum(pages)))),
+               "kv_last_page_len": [1] * len(pages)}
+        return PagedShape(obj)
 
 
 def short_error(exc):
@@ -137,14 +296,17 @@ def short_error(exc):
 
 
 def copies_for(shape, l2_bytes):
+    """How many copies of the inputs the timed runs rotate among (shape.bytes is what one run
+    touches; a paged cache may hold more, so the memory of all copies is capped too)."""
     if shape.bytes >= ROTATE_BELOW_L2_MULTIPLE * l2_bytes:
         return 1
     want = math.ceil(ROTATE_TARGET_L2_MULTIPLE * l2_bytes / max(shape.bytes, 1.0))
-    return max(1, min(MAX_COPIES, want))
+    fit = INPUT_MEMORY_BUDGET // max(shape.input_bytes(), 1)
+    return max(1, min(MAX_COPIES, want, fit))
 
 
 def result_line(shape, impl, status, median_ms=None, runs=0, note=None, rel_err=None):
-    line = {"suite": SUITE, "shape": shape.name, "impl": impl, "status": status,
+    line = {"suite": shape.suite, "shape": shape.name, "impl": impl, "status": status,
             "median_ms": None, "tflops": None, "tbps": None, "runs": runs}
     if median_ms is not None and median_ms > 0:
         seconds = median_ms * 1e-3
@@ -187,14 +349,16 @@ def reference_rows(torch, q, k, v, rows, shape):
 
 def check_output(torch, shape, q, k, v, out):
     """(rel_err, None) when `out` ([total_qo, hq, d_vo]) matches the reference on the checked rows,
-    (rel_err, reason) otherwise."""
+    (rel_err, reason) otherwise. k and v are the batch's K and V as the peer read them
+    (contiguous, or the page caches of a paged shape: shape.request_kv finds each request's)."""
     reqs = shape.requests()
     picks = sorted({0, len(reqs) // 2, len(reqs) - 1})[:CHECK_REQUESTS]
     got_all, ref_all = [], []
     for r in picks:
-        qs, ql, ks, kl = reqs[r]
+        qs, ql, _, _ = reqs[r]
         rows = sorted({0, ql // 3, (2 * ql) // 3, ql - 1})
-        ref = reference_rows(torch, q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl], rows, shape)
+        kr, vr = shape.request_kv(k, v, r)
+        ref = reference_rows(torch, q[qs:qs + ql], kr, vr, rows, shape)
         idx = torch.tensor([qs + x for x in rows], device=out.device, dtype=torch.long)
         got_all.append(out.index_select(0, idx).double())
         ref_all.append(ref)
@@ -210,41 +374,66 @@ def check_output(torch, shape, q, k, v, out):
 
 
 # ----------------------------------------------------------------------------------------------
-# Implementations: each has unsupported(shape) -> str|None, config_key(shape) -> hashable|None,
-# and setup(shape, inputs, copy_count) -> (run(copy_index), to_nhd(result), note).
+# Implementations: each has applies(shape) -> bool (False: no line for this shape at all),
+# unsupported(shape) -> str|None, config_key(shape) -> hashable|None, and
+# setup(shape, inputs, copy_count) -> (run(copy_index), to_nhd(result), note).
 
 
 def flashinfer_config(shape):
-    """What selects one FlashInfer JIT module: sequence lengths, head counts and the mask do not."""
+    """What selects one FlashInfer JIT module: sequence lengths, head counts and the mask do not.
+    "batch" is get_batch_prefill_module("fa2", ...): the ragged and the paged prefill wrappers and
+    the tensor-core decode wrapper all load that one module (flashinfer/prefill.py, decode.py)."""
     return ("single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
             shape.soft_cap is not None, shape.qk_accum)
 
 
-class FlashInferFa2:
-    name = IMPL_FLASHINFER
+class FlashInferLib:
+    """The flashinfer module (or why it cannot be imported) and the workspace its wrappers share;
+    one per run, so every FlashInfer impl reports the same import failure."""
 
     def __init__(self, torch):
         self.torch = torch
         self.module = None
         self.import_error = None
+        self.version = "-"
         try:
             import flashinfer  # noqa: PLC0415 (optional peer, imported only when asked for)
             self.module = flashinfer
             self.version = getattr(flashinfer, "__version__", "?")
         except Exception as exc:  # ImportError, or a failure inside its import
             self.import_error = short_error(exc)
-        self.workspace = None
+        self._workspace = None
+
+    def missing(self):
+        return f"missing: flashinfer not importable: {self.import_error}" \
+            if self.import_error else None
+
+    def workspace(self):
+        """The float workspace of the batch wrappers: zeroed before its first use, as the
+        wrappers' docs ask; runs are sequential on one stream, so the wrappers share it."""
+        if self._workspace is None:
+            self._workspace = self.torch.zeros(FLASHINFER_WORKSPACE_BYTES,
+                                               dtype=self.torch.uint8, device="cuda")
+        return self._workspace
+
+
+class FlashInferFa2:
+    name = IMPL_FLASHINFER
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def applies(self, shape):
+        return True
 
     def unsupported(self, shape):
-        if self.import_error:
-            return f"missing: flashinfer not importable: {self.import_error}"
-        return None
+        return self.lib.missing() if self.lib else None
 
     def config_key(self, shape):
         return flashinfer_config(shape)
 
     def setup(self, shape, inputs, copy_count):
-        fi, torch = self.module, self.torch
+        fi = self.lib.module
         qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
         f16qk = shape.qk_accum == "f16"
         if shape.single:
@@ -253,10 +442,8 @@ class FlashInferFa2:
                     qs[i], ks[i], vs[i], causal=shape.causal, sm_scale=shape.sm_scale,
                     logits_soft_cap=shape.soft_cap, use_fp16_qk_reduction=f16qk, backend="fa2")
             return run, (lambda o: o), "single_prefill_with_kv_cache, NHD"
-        if self.workspace is None:
-            self.workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8,
-                                         device="cuda")
-        wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(self.lib.workspace(), "NHD",
+                                                          backend="fa2")
         wrapper.plan(inputs["qo_indptr"], inputs["kv_indptr"], shape.hq, shape.hkv, shape.d_qk,
                      shape.d_vo, causal=shape.causal, use_fp16_qk_reduction=f16qk,
                      logits_soft_cap=shape.soft_cap, sm_scale=shape.sm_scale,
@@ -267,6 +454,60 @@ class FlashInferFa2:
         return run_batch, (lambda o: o), "BatchPrefillWithRaggedKVCacheWrapper (plan untimed)"
 
 
+class FlashInferPaged:
+    """FlashInfer over the paged cache: the decode wrapper without or with tensor cores (decode
+    shapes), or the FA2 paged prefill wrapper (the other paged shapes). plan() is untimed."""
+
+    def __init__(self, lib, name):
+        self.lib = lib
+        self.name = name
+        self.decode = name in (IMPL_FI_DECODE, IMPL_FI_DECODE_TC)
+        self.tensor_cores = name == IMPL_FI_DECODE_TC
+
+    def applies(self, shape):
+        return isinstance(shape, PagedShape) and shape.decode == self.decode
+
+    def unsupported(self, shape):
+        missing = self.lib.missing() if self.lib else None
+        if missing:
+            return missing
+        if self.decode and shape.qk_accum == "f16":
+            return "missing: BatchDecodeWithPagedKVCacheWrapper has no f16 QK accumulation"
+        if self.decode and shape.d_qk != shape.d_vo:
+            return "missing: BatchDecodeWithPagedKVCacheWrapper needs head_dim_qk == head_dim_vo"
+        return None
+
+    def config_key(self, shape):
+        if self.decode and not self.tensor_cores:
+            return ("decode", shape.dtype, shape.d_qk, shape.soft_cap is not None)
+        return flashinfer_config(shape)  # the batch prefill module (tensor-core decode too)
+
+    def setup(self, shape, inputs, copy_count):
+        fi, dtype = self.lib.module, inputs["dtype"]
+        qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
+        table = (inputs["kv_page_indptr"], inputs["kv_page_indices"], inputs["kv_last_page_len"])
+        if self.decode:
+            wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.lib.workspace(), "NHD", use_tensor_cores=self.tensor_cores)
+            wrapper.plan(*table, shape.hq, shape.hkv, shape.d_qk, shape.page_size,
+                         pos_encoding_mode="NONE", logits_soft_cap=shape.soft_cap,
+                         q_data_type=dtype, kv_data_type=dtype, sm_scale=shape.sm_scale)
+            note = f"BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores={self.tensor_cores})"
+        else:
+            wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(self.lib.workspace(), "NHD",
+                                                             backend="fa2")
+            wrapper.plan(inputs["qo_indptr"], *table, shape.hq, shape.hkv, shape.d_qk,
+                         shape.page_size, head_dim_vo=shape.d_vo, causal=shape.causal,
+                         use_fp16_qk_reduction=shape.qk_accum == "f16",
+                         logits_soft_cap=shape.soft_cap, sm_scale=shape.sm_scale,
+                         q_data_type=dtype, kv_data_type=dtype)
+            note = "BatchPrefillWithPagedKVCacheWrapper(backend=fa2)"
+
+        def run(i):
+            return wrapper.run(qs[i], (ks[i], vs[i]))
+        return run, (lambda o: o), f"{note}, NHD pages of {shape.page_size} (plan untimed)"
+
+
 class TorchSdpa:
     def __init__(self, torch, name, backend_name):
         self.torch = torch
@@ -275,6 +516,9 @@ class TorchSdpa:
         self.backend = getattr(SDPBackend, backend_name)
         self.sdpa_kernel = sdpa_kernel
         self.sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def applies(self, shape):
+        return True
 
     def unsupported(self, shape):
         if shape.soft_cap:
@@ -392,28 +636,23 @@ class Timer:
 
 
 def make_inputs(torch, shape, copy_count, device="cuda"):
+    """copy_count random-normal copies of q, K and V (paged shapes: of q, k_cache and v_cache,
+    every page filled, used or not), and the shape's index arrays as int32 tensors."""
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
     gen = torch.Generator(device=device)
     gen.manual_seed(SEED)
-    tq, tk = sum(shape.qo_lens), sum(shape.kv_lens)
+    k_size, v_size = shape.kv_sizes()
 
     def randn(*size):
         return torch.randn(*size, dtype=dtype, device=device, generator=gen)
 
     inputs = {"dtype": dtype, "q": [], "k": [], "v": []}
     for _ in range(copy_count):
-        inputs["q"].append(randn(tq, shape.hq, shape.d_qk))
-        inputs["k"].append(randn(tk, shape.hkv, shape.d_qk))
-        inputs["v"].append(randn(tk, shape.hkv, shape.d_vo))
-
-    def indptr(lens):
-        acc = [0]
-        for n in lens:
-            acc.append(acc[-1] + n)
-        return torch.tensor(acc, dtype=torch.int32, device=device)
-
-    inputs["qo_indptr"] = indptr(shape.qo_lens)
-    inputs["kv_indptr"] = indptr(shape.kv_lens)
+        inputs["q"].append(randn(sum(shape.qo_lens), shape.hq, shape.d_qk))
+        inputs["k"].append(randn(*k_size))
+        inputs["v"].append(randn(*v_size))
+    for name, values in shape.index_arrays().items():
+        inputs[name] = torch.tensor(values, dtype=torch.int32, device=device)
     return inputs
 
 
@@ -454,13 +693,15 @@ def measure(torch, timer, impl, shape, inputs, copy_count, jit_note):
 
 
 def compile_configs(torch, impl, shapes, jit_failures, jit_notes):
-    """Runs each FlashInfer configuration once on a tiny problem (its JIT build), before timing."""
-    seen = []
+    """Runs each FlashInfer configuration once on a tiny problem (its JIT build), before timing.
+    A configuration already built or failed (possibly through another impl that loads the same
+    module) is not built again."""
     for shape in shapes:
-        key = impl.config_key(shape)
-        if key is None or key in seen or impl.unsupported(shape):
+        if not impl.applies(shape) or impl.unsupported(shape):
             continue
-        seen.append(key)
+        key = impl.config_key(shape)
+        if key is None or key in jit_notes or key in jit_failures:
+            continue
         probe = shape.probe()
         t0 = time.perf_counter()
         try:
@@ -490,37 +731,77 @@ def print_table(lines):
     sys.stdout.flush()
 
 
-def load_shapes(path, name_filter):
+def load_shapes(path, suite, name_filter):
     with open(path) as f:
         raw = json.load(f)
     if isinstance(raw, dict):  # tolerate {"prefill": [...]} as well as a bare list
-        raw = raw.get(SUITE, [])
+        raw = raw.get(suite, [])
     if not isinstance(raw, list):
         raise ValueError(f"{path}: expected a JSON list of resolved shapes")
-    shapes = [Shape(obj) for obj in raw]
+    cls = PagedShape if suite == SUITE_PAGED else Shape
+    shapes = [cls(obj) for obj in raw]
     if name_filter:
         shapes = [s for s in shapes if name_filter in s.name]
     return shapes
 
 
-def dry_run(shapes, impls):
-    print(f"{len(shapes)} shapes; impls: {', '.join(impls)}")
+def make_impls(torch, suite, names, lib):
+    """The impl objects for `names`. Without torch (a dry run), FlashInfer impls get lib None
+    (enough for applies/config_key) and torch's are None (they apply to every prefill shape)."""
+    objs = []
+    for name in names:
+        if name == IMPL_FLASHINFER:
+            objs.append(FlashInferFa2(lib))
+        elif suite == SUITE_PAGED:
+            objs.append(FlashInferPaged(lib, name))
+        elif torch is None:
+            objs.append(None)
+        else:
+            backend = "FLASH_ATTENTION" if name == IMPL_TORCH_FLASH else "CUDNN_ATTENTION"
+            objs.append(TorchSdpa(torch, name, backend))
+    return objs
+
+
+def dry_run(suite, shapes, impls):
+    print(f"suite {suite}: {len(shapes)} shapes; impls: {', '.join(impls)}")
+    objs = dict(zip(impls, make_impls(None, suite, impls, None)))
     configs = []
     for s in shapes:
-        key = flashinfer_config(s)
-        if key not in configs:
-            configs.append(key)
-        print(f"  {s.name}: requests={len(s.qo_lens)} flops={s.flops:.3e} bytes={s.bytes:.3e} "
-              f"copies={copies_for(s, L2_BYTES_FALLBACK)}")
+        here = [n for n, o in objs.items() if o is None or o.applies(s)]
+        for n in here:
+            o = objs[n]
+            key = o.config_key(s) if o is not None and not o.unsupported(s) else None
+            if key is not None and key not in configs:
+                configs.append(key)
+        extra = ""
+        if suite == SUITE_PAGED:
+            extra = (f" {'decode' if s.decode else 'paged-prefill'} page_size={s.page_size} "
+                     f"pages={len(s.kv_page_indices)}/{s.num_pages}")
+        print(f"  {s.name}: requests={len(s.qo_lens)}{extra} flops={s.flops:.3e} "
+              f"bytes={s.bytes:.3e} copies={copies_for(s, L2_BYTES_FALLBACK)} "
+              f"impls={','.join(here) or '-'}")
     print(f"FlashInfer configurations to compile: {len(configs)}")
     for key in configs:
         print(f"  {key}")
 
 
-def self_test(torch):
-    """CPU checks of the reference against torch's own math SDPA and a hand formula."""
-    torch.manual_seed(0)
-    failures = 0
+def sdpa_f64(torch, q, k, v, causal, group):
+    """torch's math SDPA in float64 on one request ([len, heads, d] in and out), causal mask
+    bottom-right aligned; the self-test's independent route to the expected output."""
+    qb = q.double().transpose(0, 1)
+    kb = k.double().transpose(0, 1).repeat_interleave(group, 0)
+    vb = v.double().transpose(0, 1).repeat_interleave(group, 0)
+    mask = None
+    if causal:
+        ql, kl = q.shape[0], k.shape[0]
+        mask = torch.arange(kl)[None, :] <= (torch.arange(ql) + (kl - ql))[:, None]
+    o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+    return o.transpose(0, 1)
+
+
+def self_test_prefill(torch):
+    """The reference against torch's math SDPA, and a soft-cap case by hand. Returns [ok...]."""
+    results = []
     cases = [(32, 8, 64, True, [37], [37]), (4, 4, 64, False, [21], [21]),
              (8, 2, 128, True, [5, 40, 17], [5, 40, 17])]
     for hq, hkv, d, causal, qls, kls in cases:
@@ -530,21 +811,16 @@ def self_test(torch):
         q = torch.randn(sum(qls), hq, d, dtype=torch.float16)
         k = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
         v = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
-        outs = []
-        for qs, ql, ks, kl in shape.requests():
-            qb = q[qs:qs + ql].double().transpose(0, 1)
-            kb = k[ks:ks + kl].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
-            vb = v[ks:ks + kl].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
-            o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
-            outs.append(o.transpose(0, 1))
-        out = torch.cat(outs).to(torch.float16)
+        out = torch.cat([sdpa_f64(torch, q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl], causal,
+                                  hq // hkv)
+                         for qs, ql, ks, kl in shape.requests()]).to(torch.float16)
         rel, problem = check_output(torch, shape, q, k, v, out)
         ok = problem is None and rel < 1e-3
         bad = out.clone()
         bad[:, 0, :] = bad[:, 0, :].flip(0)  # rows of head 0 permuted: must be caught
         _, caught = check_output(torch, shape, q, k, v, bad)
         ok = ok and caught is not None
-        failures += 0 if ok else 1
+        results.append(ok)
         print(f"self-test hq={hq} hkv={hkv} d={d} causal={causal} lens={qls}: rel={rel} "
               f"perturbed->{caught!r} {'PASS' if ok else 'FAIL'}")
     # Soft-cap: one query row, two keys, by hand.
@@ -558,24 +834,127 @@ def self_test(torch):
     p0 = math.exp(t0) / (math.exp(t0) + 1.0)
     ref = reference_rows(torch, q, k, v, [0], shape)
     ok = abs(float(ref[0, 0, 0]) - p0) < 1e-12 and abs(float(ref[0, 0, 1]) - (1 - p0)) < 1e-12
-    failures += 0 if ok else 1
+    results.append(ok)
     print(f"self-test soft-cap by hand: {float(ref[0, 0, 0])} vs {p0} {'PASS' if ok else 'FAIL'}")
-    print(f"{3 + 1 - failures} passed, {failures} failed")
-    return failures == 0
+    return results
+
+
+# A hand-written page table: 3 requests of 9, 4 and 6 keys in pages of 4 (ids shuffled, pages 1,
+# 4, 6 and 8 unused), for the paged self-test.
+SELF_TEST_TABLE = {"page_size": 4, "num_pages": 10, "kv_page_indptr": [0, 3, 4, 6],
+                   "kv_page_indices": [7, 2, 9, 0, 5, 3], "kv_last_page_len": [1, 4, 2]}
+SELF_TEST_KV_LENS = [9, 4, 6]
+
+
+def self_test_paged_case(torch, label, qls, causal, hq, hkv, d):
+    """One hand-written paged batch (SELF_TEST_TABLE): K/V scattered into the caches token by
+    token by the contract's formula; the gather must give them back exactly; outputs computed on
+    the contiguous K/V must pass the check, outputs computed from the pages in sorted order (a
+    kernel that ignores the shuffle) must fail it."""
+    table = SELF_TEST_TABLE
+    shape = PagedShape({"name": label, "qo_lens": qls, "kv_lens": SELF_TEST_KV_LENS,
+                        "num_qo_heads": hq, "num_kv_heads": hkv, "head_dim": d,
+                        "causal": causal, "dtype": "f16", "soft_cap": None,
+                        "qk_accum": "f32", "flops": 1, "bytes": 1, **table})
+    ps, group = shape.page_size, hq // hkv
+    k_cache = torch.randn(shape.num_pages, ps, hkv, d, dtype=torch.float16)
+    v_cache = torch.randn(shape.num_pages, ps, hkv, d, dtype=torch.float16)
+    q = torch.randn(sum(qls), hq, d, dtype=torch.float16)
+    ks, vs = [], []
+    for r, kl in enumerate(SELF_TEST_KV_LENS):
+        ks.append(torch.randn(kl, hkv, d, dtype=torch.float16))
+        vs.append(torch.randn(kl, hkv, d, dtype=torch.float16))
+        for j in range(kl):
+            page = table["kv_page_indices"][table["kv_page_indptr"][r] + j // ps]
+            k_cache[page, j % ps] = ks[r][j]
+            v_cache[page, j % ps] = vs[r][j]
+    gather_ok = all(torch.equal(gk, ks[r]) and torch.equal(gv, vs[r]) for r, (gk, gv) in
+                    enumerate(shape.request_kv(k_cache, v_cache, r) for r in range(len(qls))))
+
+    def outputs(kv_of):
+        return torch.cat([sdpa_f64(torch, q[qs:qs + ql], *kv_of(r), causal, group)
+                          for r, (qs, ql, _, _) in enumerate(shape.requests())])
+
+    def sorted_pages(r):
+        ids = sorted(table["kv_page_indices"][table["kv_page_indptr"][r]:
+                                              table["kv_page_indptr"][r + 1]])
+        kl = SELF_TEST_KV_LENS[r]
+        return k_cache[ids].reshape(-1, hkv, d)[:kl], v_cache[ids].reshape(-1, hkv, d)[:kl]
+
+    out = outputs(lambda r: (ks[r], vs[r])).to(torch.float16)
+    rel, problem = check_output(torch, shape, q, k_cache, v_cache, out)
+    bad = outputs(sorted_pages).to(torch.float16)
+    _, caught = check_output(torch, shape, q, k_cache, v_cache, bad)
+    ok = gather_ok and problem is None and rel < 1e-3 and caught is not None \
+        and shape.decode == (label == "decode")
+    print(f"self-test paged {label} hq={hq} hkv={hkv} d={d} qo={qls}: gather "
+          f"{'exact' if gather_ok else 'DIFFERS'}, rel={rel}, sorted pages->{caught!r} "
+          f"{'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def self_test_paged(torch):
+    """Paged batches (self_test_paged_case), bad page tables refused, and JIT probes that are
+    valid paged shapes of the same kind. Returns [ok...]."""
+    results = [self_test_paged_case(torch, *case) for case in [
+        ("prefill causal", [3, 1, 6], True, 4, 2, 16),
+        ("prefill non-causal", [2, 4, 6], False, 4, 4, 32),
+        ("decode", [1, 1, 1], False, 8, 2, 16)]]
+    base = {"name": "bad", "qo_lens": [1, 1, 1], "kv_lens": SELF_TEST_KV_LENS,
+            "num_qo_heads": 2, "num_kv_heads": 1, "head_dim": 16, "causal": False,
+            "dtype": "bf16", "soft_cap": None, "qk_accum": "f32", "flops": 1, "bytes": 1,
+            **SELF_TEST_TABLE}
+    bad_tables = {"last page too short": {"kv_last_page_len": [2, 4, 2]},
+                  "page id outside": {"kv_page_indices": [7, 2, 10, 0, 5, 3]},
+                  "page_size not a power of two": {"page_size": 3},
+                  "indptr too short": {"kv_page_indptr": [0, 3, 6]}}
+    for label, change in bad_tables.items():
+        try:
+            PagedShape({**base, **change})
+            why = None
+        except ValueError as exc:
+            why = str(exc)
+        results.append(why is not None)
+        print(f"self-test paged table refused ({label}): {why!r} "
+              f"{'PASS' if why is not None else 'FAIL'}")
+    probes_ok = True
+    for ps in (1, 16):
+        for qls, causal in (([1, 1, 1], False), ([3, 1, 6], True)):
+            obj = {**base, "qo_lens": qls, "causal": causal, "page_size": ps,
+                   "kv_lens": [(pages - 1) * ps + 1 for pages in (3, 1, 2)],
+                   "kv_last_page_len": [1, 1, 1]}
+            shape = PagedShape(obj)
+            probes_ok = probes_ok and shape.probe().decode == shape.decode
+    results.append(probes_ok)
+    print(f"self-test paged probes valid and of the same kind: {'PASS' if probes_ok else 'FAIL'}")
+    return results
+
+
+def self_test(torch):
+    """CPU checks: the reference, the page gather and the paged shape checks (no GPU)."""
+    torch.manual_seed(0)
+    results = self_test_prefill(torch) + self_test_paged(torch)
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return failed == 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shapes", nargs="?", help="resolved shapes (attnforge bench --print-shapes)")
+    ap.add_argument("--suite", choices=list(SUITE_IMPLS), default=SUITE_PREFILL,
+                    help="which suite the shapes belong to (default prefill)")
     ap.add_argument("--out", help="JSON-lines output file")
-    ap.add_argument("--impls", default=",".join(ALL_IMPLS),
-                    help=f"comma-separated subset of {','.join(ALL_IMPLS)}")
+    ap.add_argument("--impls", default="",
+                    help="comma-separated subset of the suite's peers (default: all of them): "
+                         + "; ".join(f"{k}: {','.join(v)}" for k, v in SUITE_IMPLS.items()))
     ap.add_argument("--filter", default="", help="only shapes whose name contains this text")
     ap.add_argument("--jit-dir", default=os.environ.get("FLASHINFER_WORKSPACE_BASE",
                                                          DEFAULT_JIT_DIR),
                     help="FlashInfer JIT workspace (sets FLASHINFER_WORKSPACE_BASE)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; no GPU, no torch")
-    ap.add_argument("--self-test", action="store_true", help="check the reference on the CPU")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the reference and the page gather on the CPU (both suites)")
     args = ap.parse_args()
 
     if args.self_test:
@@ -583,17 +962,18 @@ def main():
         return 0 if self_test(torch) else 1
     if not args.shapes:
         ap.error("the resolved shapes file is required")
-    impls = [x.strip() for x in args.impls.split(",") if x.strip()]
-    unknown = [x for x in impls if x not in ALL_IMPLS]
+    known = SUITE_IMPLS[args.suite]
+    impls = [x.strip() for x in args.impls.split(",") if x.strip()] or list(known)
+    unknown = [x for x in impls if x not in known]
     if unknown:
-        ap.error(f"--impls: unknown {unknown}; known: {ALL_IMPLS}")
+        ap.error(f"--impls: unknown in suite {args.suite}: {unknown}; known: {known}")
     try:
-        shapes = load_shapes(args.shapes, args.filter)
+        shapes = load_shapes(args.shapes, args.suite, args.filter)
     except (OSError, ValueError) as exc:
         print(f"peers.py: cannot read shapes: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        dry_run(shapes, impls)
+        dry_run(args.suite, shapes, impls)
         return 0
     if not args.out:
         ap.error("--out is required")
@@ -606,21 +986,16 @@ def main():
         return 2
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 0) or L2_BYTES_FALLBACK
-    print(f"peers.py: {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"cuDNN {torch.backends.cudnn.version()}, L2 {l2_bytes / 1e6:.0f} MB, "
-          f"{len(shapes)} shapes, JIT dir {args.jit_dir}", flush=True)
+    print(f"peers.py: suite {args.suite}, {props.name}, torch {torch.__version__}, CUDA "
+          f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, L2 "
+          f"{l2_bytes / 1e6:.0f} MB, {len(shapes)} shapes, JIT dir {args.jit_dir}", flush=True)
 
-    impl_objs = []
-    for name in impls:
-        if name == IMPL_FLASHINFER:
-            fi = FlashInferFa2(torch)
-            print(f"peers.py: flashinfer {getattr(fi, 'version', '-')}"
-                  f"{' (' + fi.import_error + ')' if fi.import_error else ''}", flush=True)
-            impl_objs.append(fi)
-        elif name == IMPL_TORCH_FLASH:
-            impl_objs.append(TorchSdpa(torch, name, "FLASH_ATTENTION"))
-        else:
-            impl_objs.append(TorchSdpa(torch, name, "CUDNN_ATTENTION"))
+    lib = None
+    if any(name.startswith("flashinfer") for name in impls):
+        lib = FlashInferLib(torch)
+        print(f"peers.py: flashinfer {lib.version}"
+              f"{' (' + lib.import_error + ')' if lib.import_error else ''}", flush=True)
+    impl_objs = make_impls(torch, args.suite, impls, lib)
 
     jit_failures, jit_notes = {}, {}
     t_jit = time.perf_counter()
@@ -632,31 +1007,35 @@ def main():
     if not timer.can_sleep:
         print("peers.py: torch.cuda._sleep unavailable: small shapes may time host overhead",
               flush=True)
+    metric, unit = ("tbps", "TB/s") if args.suite == SUITE_PAGED else ("tflops", "TFLOP/s")
     results = []
     with open(args.out, "w") as out:
         for n, shape in enumerate(shapes, 1):
             t0 = time.perf_counter()
+            here = [impl for impl in impl_objs if impl.applies(shape)]
             copy_count = copies_for(shape, l2_bytes)
-            try:
-                inputs = make_inputs(torch, shape, copy_count)
-            except Exception as exc:
-                inputs = None
-                why = f"error: inputs: {short_error(exc)}"
-            for impl in impl_objs:
+            inputs, why = None, None
+            if here:
+                try:
+                    inputs = make_inputs(torch, shape, copy_count)
+                except Exception as exc:
+                    why = f"error: inputs: {short_error(exc)}"
+            lines = []
+            for impl in here:
                 if inputs is None:
                     line = result_line(shape, impl.name, why)
                 else:
                     line = run_one(torch, timer, impl, shape, inputs, copy_count, jit_failures,
                                    jit_notes)
-                results.append(line)
+                lines.append(line)
                 out.write(json.dumps(line) + "\n")
                 out.flush()
+            results += lines
             del inputs
             torch.cuda.empty_cache()
             summary = ", ".join(
-                f"{ln['impl']} {ln['tflops'] or 0:.1f}" if ln["status"] == "ok"
-                else f"{ln['impl']} {ln['status'].split(':')[0]}"
-                for ln in results[-len(impl_objs):])
+                f"{ln['impl']} {ln[metric] or 0:.2f} {unit}" if ln["status"] == "ok"
+                else f"{ln['impl']} {ln['status'].split(':')[0]}" for ln in lines) or "no impl"
             print(f"[{n}/{len(shapes)}] {shape.name} (x{copy_count} copies, "
                   f"{time.perf_counter() - t0:.1f} s): {summary}", flush=True)
     print_table(results)
