@@ -3,7 +3,7 @@
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, exp2_approx, log2_approx,
-// rcp_approx, tanh_accurate, neg_inf, the mask-kind constants, LOG2E and LN2.
+// rcp_approx, tanh_accurate, neg_inf, warp_max, warp_sum, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -98,6 +98,18 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   float e = exp2_approx(fminf(fabsf(x) * (2.0f * LOG2E), 126.0f));
   float t = 1.0f - 2.0f * rcp_approx(e + 1.0f);
   return copysignf(t, x);
+}
+
+// Max and sum over the 32 lanes of a warp (every lane gets the result).
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
 }
 
 __device__ __forceinline__ float warp_max_quad(float x) {

@@ -43,22 +43,45 @@ __device__ __forceinline__ void run(const PrefillParams& p) {
   const int chunks = chunk_count(p.kv_indptr[r + 1] - p.kv_indptr[r], p.kv_chunk);
   const i64_t slot0 = static_cast<i64_t>(row) * p.max_chunks;
 
+  // The chunks' LSEs, 32 at a time across the lanes (one load each, all in flight): the max,
+  // then each chunk's weight exp(lse_c - max) and their sum.
   float mx = neg_inf();
-  for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, p.partial_lse[slot0 + c]);
+  for (int c0 = 0; c0 < chunks; c0 += 32) {
+    const float l = c0 + lane < chunks ? p.partial_lse[slot0 + c0 + lane] : neg_inf();
+    mx = fmaxf(mx, warp_max(l));
+  }
   float sum = 0.0f;
   float acc[ELEMS];
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e) acc[e] = 0.0f;
   if (mx != neg_inf()) {
-    for (int c = 0; c < chunks; ++c) {
-      const float w = exp2_approx((p.partial_lse[slot0 + c] - mx) * LOG2E);
-      const float* src = p.partial_o + (slot0 + c) * spec::HEAD_DIM_VO + lane * ELEMS;
-      sum += w;
+    for (int c0 = 0; c0 < chunks; c0 += 32) {
+      const int n = min(32, chunks - c0);
+      const float w_lane = lane < n ? exp2_approx((p.partial_lse[slot0 + c0 + lane] - mx) * LOG2E) : 0.0f;
+      sum += warp_sum(w_lane);
+      // Each chunk's slice of o, UNROLL chunks per step so that many loads are in flight (a
+      // request split into dozens of chunks would otherwise wait for one load per chunk).
+      constexpr int UNROLL = 8;
+      for (int c = 0; c < n; c += UNROLL) {
+        float2 x[UNROLL][ELEMS / 2];
+        float w[UNROLL];
 #pragma unroll
-      for (int e = 0; e < ELEMS; e += 2) {
-        const float2 x = *reinterpret_cast<const float2*>(src + e);
-        acc[e] = fmaf(w, x.x, acc[e]);
-        acc[e + 1] = fmaf(w, x.y, acc[e + 1]);
+        for (int u = 0; u < UNROLL; ++u) {
+          w[u] = __shfl_sync(0xffffffffu, w_lane, min(c + u, 31));
+          const float* src = p.partial_o + (slot0 + c0 + min(c + u, n - 1)) * spec::HEAD_DIM_VO + lane * ELEMS;
+#pragma unroll
+          for (int e = 0; e < ELEMS; e += 2) x[u][e / 2] = *reinterpret_cast<const float2*>(src + e);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          if (c + u < n) {
+#pragma unroll
+            for (int e = 0; e < ELEMS; e += 2) {
+              acc[e] = fmaf(w[u], x[u][e / 2].x, acc[e]);
+              acc[e + 1] = fmaf(w[u], x[u][e / 2].y, acc[e + 1]);
+            }
+          }
+        }
       }
     }
   }

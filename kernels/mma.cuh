@@ -71,6 +71,19 @@ __device__ __forceinline__ void cp_async_16(u32_t dst, const void* src, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// Copies 4 bytes global -> shared asynchronously (zeros when `valid` is false).
+__device__ __forceinline__ void cp_async_4(u32_t dst, const void* src, bool valid) {
+  int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// Reads 4 bytes of shared memory.
+__device__ __forceinline__ int ld_shared_s32(u32_t addr) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 
 template <int N>

@@ -36,7 +36,9 @@ constexpr int VO_NT = spec::HEAD_DIM_VO / 8;       // n8 tiles of O per m16 tile
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
-constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES);
+// Paged: the page id of every key row of two KV tiles (the next tile's copies read them).
+constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
+constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES;
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
@@ -352,19 +354,37 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const KvSource v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
                         p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask};
 
+  // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
+  // 0's rows read the page table directly).
+  const u32_t ids_base = v_base + 2 * V_TILE_BYTES;
+  auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
+
   // K and V of tile t go to buffer t % 2 as cp.async groups; a group is committed even when empty
   // (past the last tile) so that every iteration waits for the same groups.
   auto load_k = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
+      if (t > 0) {
+        load_kv_rows_staged_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, page_ids(t), k0, m.kv_len - k0);
+      } else {
+        load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
+      }
     }
     cp_async_commit();
   };
+  // V of tile t, and (paged) the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's
+  // copies were the last to read (they were issued before the barrier that precedes this call).
   auto load_v = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
+      if (t > 0) {
+        load_kv_rows_staged_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, page_ids(t), k0, m.kv_len - k0);
+      } else {
+        load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
+      }
+      if (t + 1 < num_tiles) {
+        stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k0 + KV_TILE, m.kv_len - k0 - KV_TILE);
+      }
     }
     cp_async_commit();
   };

@@ -94,7 +94,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     let file_name = format!("{name}.cu");
     let code = VariantCode::of(&spec.variant);
     let layout = ParamBlockLayout::new(VariantLayout::new(&code.params));
-    let smem_bytes = spec.tile.smem_bytes(spec.head_dims);
+    let smem_bytes = spec.smem_bytes();
     let mut out = String::new();
     let mut snippets = Vec::new();
     let _ = writeln!(

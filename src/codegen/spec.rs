@@ -154,6 +154,16 @@ impl KernelSpec {
         })
     }
 
+    /// Dynamic shared memory per CTA: the tile's buffers, plus (paged) the page ids of two KV
+    /// tiles, staged one tile ahead.
+    pub fn smem_bytes(&self) -> u32 {
+        let page_ids = match self.kv {
+            KvCache::Ragged => 0,
+            KvCache::Paged => 2 * self.tile.kv_tile * 4,
+        };
+        self.tile.smem_bytes(self.head_dims) + page_ids
+    }
+
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
     pub fn name(&self) -> String {
         format!(

@@ -52,19 +52,30 @@ pub fn extent(view: &TensorView, tokens: usize, heads: usize, dim: usize) -> usi
     view.index(tokens - 1, heads - 1, dim)
 }
 
+/// Elements drawn from one random stream: blocks are generated in parallel, each from its own
+/// stream, so that the gigabyte-sized inputs of the benchmarks take seconds, not minutes.
+const BLOCK: usize = 1 << 16;
+
 fn random_tensor(dtype: DType, len: usize, scale: f64, mut rng: SplitMix64) -> HostTensor {
-    let values: Vec<f32> = (0..len)
-        .map(|_| {
-            let x = dtype.round_f64(rng.normal() * scale);
-            let x = if x == 0.0 {
-                dtype.round_f64(
-                    scale * ZERO_REPLACEMENT * if rng.bernoulli(0.5) { 1.0 } else { -1.0 },
-                )
-            } else {
-                x
-            };
-            x as f32
-        })
-        .collect();
+    use rayon::prelude::*;
+    let base = rng.next_u64();
+    let mut values = vec![0.0f32; len];
+    values
+        .par_chunks_mut(BLOCK)
+        .enumerate()
+        .for_each(|(block, out)| {
+            let mut rng = SplitMix64::with_salt(base, block as u64);
+            for x in out {
+                let v = dtype.round_f64(rng.normal() * scale);
+                let v = if v == 0.0 {
+                    dtype.round_f64(
+                        scale * ZERO_REPLACEMENT * if rng.bernoulli(0.5) { 1.0 } else { -1.0 },
+                    )
+                } else {
+                    v
+                };
+                *x = v as f32;
+            }
+        });
     HostTensor::from_f32(dtype, &values)
 }
