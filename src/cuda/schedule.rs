@@ -119,9 +119,30 @@ pub fn choose_kv_split_balanced(
 ) -> Option<KvSplit> {
     let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
     let min_chunk = MIN_CHUNK_KEYS.next_multiple_of(kv_tile);
+    let items = query_tiles(problem, cta_q).len() * problem.num_kv_heads;
+    if items == 0 {
+        return None;
+    }
     let mut best: (usize, Option<KvSplit>) = (makespan(problem, cta_q, None, slots), None);
-    let mut pieces = 2;
+    // Candidate cuts of the longest request: 2..8 pieces, then a geometric series, plus the
+    // cuts that make the longest requests' chunks fill 1..8 whole waves of slots.
+    let mut candidates: Vec<usize> = (2..=8).collect();
+    let mut pieces = 12;
     while max_kv.div_ceil(pieces) >= min_chunk {
+        candidates.push(pieces);
+        pieces = pieces * 3 / 2;
+    }
+    candidates.extend(
+        (1..=8)
+            .map(|waves| waves * slots / items)
+            .filter(|&p| p >= 2),
+    );
+    candidates.sort_unstable();
+    candidates.dedup();
+    for pieces in candidates {
+        if max_kv.div_ceil(pieces) < min_chunk {
+            break;
+        }
         let chunk = max_kv.div_ceil(pieces).next_multiple_of(kv_tile);
         let split = KvSplit {
             chunk,
@@ -131,11 +152,6 @@ pub fn choose_kv_split_balanced(
         if cost < best.0 {
             best = (cost, Some(split));
         }
-        pieces = if pieces < 8 {
-            pieces + 1
-        } else {
-            pieces * 3 / 2
-        };
     }
     best.1
 }
@@ -261,6 +277,10 @@ mod tests {
         let long = problem(&[(1, 65536)], 32, 8, Mask::None);
         let split = choose_kv_split_balanced(&long, 16, 64, slots).expect("8 CTAs for 396 slots");
         assert!(split.max_chunks >= 32, "{split:?}");
+        assert!(
+            8 * split.max_chunks <= slots,
+            "one wave of long chunks: {split:?}"
+        );
         assert_eq!(split.chunk % 64, 0);
         let short = problem(&[(1, 512); 256], 32, 8, Mask::None);
         assert_eq!(choose_kv_split_balanced(&short, 16, 64, slots), None);
