@@ -3,7 +3,7 @@
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, exp2_approx, log2_approx,
-// rcp_approx, tanh_accurate, neg_inf, warp_max, warp_sum, the mask-kind constants, LOG2E and LN2.
+// rcp_approx, tanh_accurate, neg_inf, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -122,4 +122,19 @@ __device__ __forceinline__ float warp_sum_quad(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
+}
+
+// The request holding row `i` of a ragged dimension with prefix sums `indptr` (`batch + 1`
+// entries): the last r with indptr[r] <= i, which skips empty requests.
+__device__ __forceinline__ int request_of(const int* indptr, int batch, int i) {
+  int lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (indptr[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }

@@ -20,20 +20,6 @@ __device__ __forceinline__ int chunk_count(int kv_len, int kv_chunk) {
   return kv_len > 0 ? (kv_len + kv_chunk - 1) / kv_chunk : 1;
 }
 
-// The request holding query token `token`: the last r with qo_indptr[r] <= token.
-__device__ __forceinline__ int request_of(const int* qo_indptr, int batch, int token) {
-  int lo = 0, hi = batch;
-  while (hi - lo > 1) {
-    int mid = (lo + hi) / 2;
-    if (qo_indptr[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 __device__ __forceinline__ void run(const PrefillParams& p) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * WARPS + threadIdx.x / 32;  // token * num_qo_heads + head

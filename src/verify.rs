@@ -11,7 +11,7 @@ use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::reference;
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, Case};
+use crate::testing::{BackendCaps, Case, PagedRun};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -43,14 +43,15 @@ pub trait Backend {
         let _ = cases;
         Ok(())
     }
-    /// Computes a paged problem on the host cache; with `graph`, through a captured and replayed
-    /// CUDA graph (only asked of backends whose caps say `graphs`).
+    /// Computes a paged problem on the host cache, which holds the ragged `k`, `v`; `run` says
+    /// how (the GPU-only ways are asked only of backends whose caps say `device_runs`).
     fn run_paged(
         &self,
         problem: &PagedAttention,
         q: &HostTensor,
         cache: PagedKv<'_>,
-        graph: bool,
+        tokens: (&HostTensor, &HostTensor),
+        run: PagedRun,
     ) -> Result<AttentionOutput, Error>;
 }
 
@@ -108,7 +109,8 @@ pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
             &inputs.paged,
             &q,
             inputs.cache(),
-            case.paged.is_some_and(|p| p.graph),
+            (&k, &v),
+            case.paged.map_or(PagedRun::Direct, |p| p.run),
         ),
         Err(e) => Err(Error::InvalidProblem(e.clone())),
     };

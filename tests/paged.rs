@@ -700,3 +700,32 @@ fn layout_indices_match_the_documented_formulas() {
         }
     }
 }
+
+/// Every paged case of the GPU's quick list (the device-only ones included) builds its cache: the
+/// shuffled table, the NaN-filled pages and the append all validate, and gathering the cache
+/// gives back exactly the case's ragged K and V. (The full list has the same kinds of cases,
+/// larger; building them all takes over a minute on two cores.)
+#[test]
+fn every_gpu_paged_case_builds_its_cache() {
+    use attnforge::testing::{cases, BackendCaps, PagedRun, Suite};
+    let mut runs = std::collections::HashSet::new();
+    for case in cases(Suite::Quick, 7, &BackendCaps::cuda()) {
+        let Some(layout) = case.paged else { continue };
+        runs.insert(format!("{:?}", layout.run));
+        let (_, k, v) = case.inputs();
+        let inputs = case
+            .paged_inputs(&k, &v)
+            .expect("a paged case")
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let (gk, gv) = gather(inputs.paged.layout(), inputs.paged.table(), inputs.cache())
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        assert!(gk == k && gv == v, "{}: gather differs", case.name);
+    }
+    for run in [
+        PagedRun::Direct,
+        PagedRun::GraphReplay,
+        PagedRun::DeviceAppend,
+    ] {
+        assert!(runs.contains(&format!("{run:?}")), "no {run:?} case");
+    }
+}

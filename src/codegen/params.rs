@@ -29,6 +29,33 @@ macro_rules! kernel_params {
             pub fn cuda_fields() -> Vec<(&'static str, &'static str, usize)> {
                 vec![$((stringify!($field), $cty, std::mem::offset_of!($name, $field)),)*]
             }
+
+            /// The CUDA definition of the struct on its own, with checks of every field's size
+            /// and of the total size (no padding anywhere, so equal sizes mean equal offsets).
+            pub fn standalone_cuda_struct() -> String {
+                let fields = Self::cuda_fields();
+                let mut s = format!("struct {} {{\n", stringify!($name));
+                for (name, ty, _) in &fields {
+                    let _ = writeln!(s, "  {ty} {name};");
+                }
+                s.push_str("};\n");
+                for (i, (name, _, offset)) in fields.iter().enumerate() {
+                    let end = fields.get(i + 1).map_or(std::mem::size_of::<$name>(), |f| f.2);
+                    let _ = writeln!(
+                        s,
+                        "static_assert(sizeof({}::{name}) == {}, \"size of {name}\");",
+                        stringify!($name),
+                        end - offset
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "static_assert(sizeof({0}) == {1}, \"size of {0}\");",
+                    stringify!($name),
+                    std::mem::size_of::<$name>()
+                );
+                s
+            }
         }
     };
 }
@@ -113,6 +140,57 @@ kernel_params! {
         page_shift: i32 => "int",
         /// Paged KV: page size - 1 (the slot mask); 0 when ragged.
         page_mask: i32 => "int",
+    }
+}
+
+kernel_params! {
+    /// Parameters of the paged-KV append kernel (`append_paged.cuh`). Pointers are device
+    /// addresses; strides are in elements.
+    AppendParams {
+        /// New K rows, contiguous `[total_new, num_kv_heads, head_dim_qk]`.
+        k_new: u64 => "const void*",
+        /// New V rows, contiguous `[total_new, num_kv_heads, head_dim_vo]`.
+        v_new: u64 => "const void*",
+        /// K pages (element 0 of KV head 0 of page 0).
+        k_cache: u64 => "void*",
+        /// V pages.
+        v_cache: u64 => "void*",
+        /// New tokens per request, prefix sums (`batch + 1`).
+        append_indptr: u64 => "const int*",
+        /// Keys per request after the append (`batch`).
+        kv_len: u64 => "const int*",
+        /// Pages per request, prefix sums (`batch + 1`).
+        page_indptr: u64 => "const int*",
+        /// Page ids.
+        page_indices: u64 => "const int*",
+        /// Elements between pages of K.
+        k_page_stride: i64 => "long long",
+        /// Elements between pages of V.
+        v_page_stride: i64 => "long long",
+        /// Elements between tokens within a page of K.
+        k_token_stride: i64 => "long long",
+        /// Elements between tokens within a page of V.
+        v_token_stride: i64 => "long long",
+        /// Elements between heads of K.
+        k_head_stride: i64 => "long long",
+        /// Elements between heads of V.
+        v_head_stride: i64 => "long long",
+        /// New tokens of the batch.
+        total_new: i32 => "int",
+        /// Requests.
+        batch_size: i32 => "int",
+        /// KV heads.
+        num_kv_heads: i32 => "int",
+        /// 16-byte chunks per K head row (head_dim_qk / 8).
+        k_chunks: i32 => "int",
+        /// 16-byte chunks per V head row.
+        v_chunks: i32 => "int",
+        /// log2(page size).
+        page_shift: i32 => "int",
+        /// Page size - 1.
+        page_mask: i32 => "int",
+        /// Keeps the struct a multiple of 8 bytes without implicit padding.
+        reserved: i32 => "int",
     }
 }
 

@@ -4,7 +4,7 @@ use super::{attention_with_isa, Isa, BACKEND};
 use crate::paged::{gather, PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
-use crate::testing::BackendCaps;
+use crate::testing::{BackendCaps, PagedRun};
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
 
@@ -53,12 +53,13 @@ impl Backend for CpuBackend {
         p: &PagedAttention,
         q: &HostTensor,
         cache: PagedKv<'_>,
-        graph: bool,
+        _tokens: (&HostTensor, &HostTensor),
+        run: PagedRun,
     ) -> Result<AttentionOutput, Error> {
-        if graph {
+        if run != PagedRun::Direct {
             return Err(Error::Unsupported {
                 backend: BACKEND,
-                what: "CUDA graph replay".into(),
+                what: format!("the paged run {run:?}"),
                 supported: "direct runs".into(),
             });
         }

@@ -8,7 +8,7 @@ use crate::jit::CompileOptions;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, Case};
+use crate::testing::{BackendCaps, Case, PagedRun};
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
@@ -104,12 +104,13 @@ impl Backend for CudaBackend {
         p: &PagedAttention,
         q: &HostTensor,
         cache: PagedKv<'_>,
-        graph: bool,
+        (k, v): (&HostTensor, &HostTensor),
+        run: PagedRun,
     ) -> Result<AttentionOutput, Error> {
-        let mode = if graph {
-            PagedRunMode::GraphReplay
-        } else {
-            PagedRunMode::Direct
+        let mode = match run {
+            PagedRun::Direct => PagedRunMode::Direct,
+            PagedRun::GraphReplay => PagedRunMode::GraphReplay,
+            PagedRun::DeviceAppend => PagedRunMode::DeviceAppend { k, v },
         };
         self.engine.paged_host(p, q, cache, mode)
     }

@@ -8,7 +8,7 @@
 use super::buffers::DeviceTensor;
 use super::device::{self, DeviceInfo};
 use super::error::{CudaError, DriverContext};
-use crate::codegen::RenderedKernel;
+use crate::codegen::{self, RenderedKernel};
 use crate::jit::{CompileOptions, Jit, KernelSource};
 use crate::tensor::HostTensor;
 use crate::Error;
@@ -47,6 +47,8 @@ pub struct Engine {
     info: DeviceInfo,
     jit: Jit,
     kernels: Mutex<HashMap<String, Arc<LoadedKernel>>>,
+    /// The paged-KV append kernel, loaded on first use.
+    append: Mutex<Option<(Arc<CudaModule>, CudaFunction)>>,
 }
 
 impl Engine {
@@ -68,6 +70,7 @@ impl Engine {
             info,
             jit,
             kernels: Mutex::new(HashMap::new()),
+            append: Mutex::new(None),
         })
     }
 
@@ -99,6 +102,36 @@ impl Engine {
     /// Waits for all work on the engine's stream; reports a failed kernel.
     pub fn synchronize(&self) -> Result<(), Error> {
         Ok(self.stream.synchronize().during("stream synchronisation")?)
+    }
+
+    /// The paged-KV append kernel (compiled, or fetched from the caches, and loaded once).
+    pub(crate) fn append_kernel(&self) -> Result<CudaFunction, Error> {
+        let mut slot = self
+            .append
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, f)) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let rendered = codegen::render_append();
+        let source = KernelSource {
+            name: &rendered.entry,
+            entry: &rendered.entry,
+            source: &rendered.source,
+            snippets: &[],
+        };
+        let compiled = self
+            .jit
+            .compile(&source, &CompileOptions::new(self.info.arch))?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(compiled.kernel.cubin))
+            .during("loading the append kernel")?;
+        let function = module
+            .load_function(&rendered.entry)
+            .during(format!("finding {}", rendered.entry))?;
+        *slot = Some((module, function.clone()));
+        Ok(function)
     }
 
     /// Compiles (or fetches from the caches) and loads a rendered kernel.

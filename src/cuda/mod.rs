@@ -5,6 +5,7 @@
 //! of panicking. Kernels come from `codegen` through `jit`; this layer owns what happens on the
 //! device.
 
+mod append;
 mod backend;
 mod buffers;
 mod device;
@@ -15,6 +16,7 @@ mod plan;
 mod prefill;
 mod schedule;
 
+pub use append::DevicePagedKvMut;
 pub use backend::CudaBackend;
 pub use buffers::DeviceTensor;
 pub use device::{driver_present, DeviceInfo};

@@ -10,6 +10,7 @@
 //! [`PagedPlan::update_page_indices`] (same pages per request, checked against the cache).
 //! Different lengths need a new plan (and a new capture).
 
+use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
@@ -50,7 +51,7 @@ pub struct PagedPlan {
 /// Element strides of K (`true`) or V in the cache, read off the layout's own address function
 /// so that host and device can never disagree: (offset of head 0's element 0 in page 0, page,
 /// token within a page, head).
-fn cache_strides(layout: &PagedKvLayout, is_k: bool) -> (usize, i64, i64, i64) {
+pub(crate) fn cache_strides(layout: &PagedKvLayout, is_k: bool) -> (usize, i64, i64, i64) {
     let at = |page, slot, head| {
         if is_k {
             layout.k_index(page, slot, head, 0)
@@ -238,14 +239,23 @@ impl PagedPlan {
 }
 
 /// How [`Engine::paged_host`] runs the plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PagedRunMode {
+#[derive(Clone, Copy, Debug)]
+pub enum PagedRunMode<'a> {
     /// One launch.
     Direct,
     /// Captured in a CUDA graph against decoy contents (other K/V values, rotated page ids),
     /// then the real queries, cache and page ids written into the same buffers and the graph
     /// replayed: the output proves that a replay reads new contents and new page ids.
     GraphReplay,
+    /// The cache buffers start all NaN and are filled on the device by
+    /// [`Engine::append_paged_kv`] from the ragged `k`, `v` (every token new), then one launch:
+    /// the output proves the append kernel wrote every token where the attention reads it.
+    DeviceAppend {
+        /// The keys the cache holds, ragged `[total_kv, num_kv_heads, head_dim_qk]`.
+        k: &'a HostTensor,
+        /// The values, ragged.
+        v: &'a HostTensor,
+    },
 }
 
 impl Engine {
@@ -256,7 +266,7 @@ impl Engine {
         paged: &PagedAttention,
         q: &HostTensor,
         cache: PagedKv<'_>,
-        mode: PagedRunMode,
+        mode: PagedRunMode<'_>,
     ) -> Result<AttentionOutput, Error> {
         paged.validate_q(q)?;
         paged.layout().validate_buffers(cache)?;
@@ -273,6 +283,29 @@ impl Engine {
             .map(|t| self.upload(t))
             .collect::<Result<Vec<_>, _>>()?;
         match mode {
+            PagedRunMode::DeviceAppend { k, v } => {
+                for (d, h) in buffers.iter_mut().zip(&host_buffers) {
+                    d.write(stream, &HostTensor::nan(h.dtype(), h.len()))?;
+                }
+                let (kd, vd) = (self.upload(k)?, self.upload(v)?);
+                let cache = match &mut buffers[..] {
+                    [kb, vb] => DevicePagedKvMut::Separate { k: kb, v: vb },
+                    [kv] => DevicePagedKvMut::Combined(kv),
+                    _ => unreachable!("a cache has one or two buffers"),
+                };
+                self.append_paged_kv(
+                    stream,
+                    paged.layout(),
+                    paged.table(),
+                    &paged.problem().batch.kv_indptr,
+                    &kd,
+                    &vd,
+                    cache,
+                )?;
+                self.run_poisoned(paged.problem(), &name, |o, lse| {
+                    plan.run(self, &qd, device_cache(&buffers), o, lse)
+                })
+            }
             PagedRunMode::Direct => self.run_poisoned(paged.problem(), &name, |o, lse| {
                 plan.run(self, &qd, device_cache(&buffers), o, lse)
             }),

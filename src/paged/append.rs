@@ -12,6 +12,7 @@
 
 use super::layout::{PagedKvLayout, PagedKvMut};
 use super::table::PageTable;
+use crate::dtype::DType;
 use crate::problem::{InvalidProblem, TensorView, Validation};
 use crate::tensor::HostTensor;
 use std::collections::{HashMap, HashSet};
@@ -29,28 +30,13 @@ pub fn append_paged_kv(
     mut cache: PagedKvMut<'_>,
 ) -> Validation {
     layout.validate_buffers(cache.as_ref())?;
-    table.validate(layout.page_size, layout.num_pages)?;
-    validate_append_indptr(table, append_indptr, layout.page_size)?;
-    let total_new = *append_indptr.last().unwrap_or(&0) as usize;
-    let (h, dqk, dvo) = (
-        layout.num_kv_heads,
-        layout.head_dims.qk(),
-        layout.head_dims.vo(),
-    );
-    for (name, t, dim) in [("k_new", k_new, dqk), ("v_new", v_new, dvo)] {
-        if t.dtype() != layout.dtype {
-            return Err(InvalidProblem::new(
-                name,
-                format!(
-                    "has dtype {} but the cache's dtype is {}",
-                    t.dtype(),
-                    layout.dtype
-                ),
-            ));
-        }
-        TensorView::contiguous(h, dim).validate(name, total_new, h, dim, t.len())?;
-    }
-    check_no_overlap(layout, table, append_indptr)?;
+    validate_append(
+        layout,
+        table,
+        append_indptr,
+        (k_new.dtype(), k_new.len()),
+        (v_new.dtype(), v_new.len()),
+    )?;
 
     let writes = Writes {
         layout,
@@ -67,6 +53,41 @@ pub fn append_paged_kv(
             writes.copy(v_new, kv, false)
         }
     }
+}
+
+/// Everything [`append_paged_kv`] checks before its first write except the cache buffers, with
+/// the new K and V rows given as (dtype, elements): the layout, the table against it,
+/// `append_indptr` (and that each request's new tokens fit in its pages), the new rows' dtype and
+/// size, and that no two tokens of the batch share a slot. The GPU's append runs the same checks.
+pub fn validate_append(
+    layout: &PagedKvLayout,
+    table: &PageTable,
+    append_indptr: &[i32],
+    k_new: (DType, usize),
+    v_new: (DType, usize),
+) -> Validation {
+    layout.validate()?;
+    table.validate(layout.page_size, layout.num_pages)?;
+    validate_append_indptr(table, append_indptr, layout.page_size)?;
+    let total_new = *append_indptr.last().unwrap_or(&0) as usize;
+    let (h, dqk, dvo) = (
+        layout.num_kv_heads,
+        layout.head_dims.qk(),
+        layout.head_dims.vo(),
+    );
+    for (name, (dtype, len), dim) in [("k_new", k_new, dqk), ("v_new", v_new, dvo)] {
+        if dtype != layout.dtype {
+            return Err(InvalidProblem::new(
+                name,
+                format!(
+                    "has dtype {dtype} but the cache's dtype is {}",
+                    layout.dtype
+                ),
+            ));
+        }
+        TensorView::contiguous(h, dim).validate(name, total_new, h, dim, len)?;
+    }
+    check_no_overlap(layout, table, append_indptr)
 }
 
 /// Checks `append_indptr` (`batch + 1` entries from 0, never decreasing) and that each request's

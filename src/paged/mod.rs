@@ -24,7 +24,7 @@ mod layout;
 mod problem;
 mod table;
 
-pub use append::append_paged_kv;
+pub use append::{append_paged_kv, validate_append};
 pub use gather::gather;
 pub use layout::{KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE};
 pub use problem::PagedAttention;

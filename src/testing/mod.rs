@@ -24,7 +24,7 @@ pub mod rng;
 
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
-pub use paged::{PagedCase, PagedInputs};
+pub use paged::{PagedCase, PagedInputs, PagedRun};
 
 use crate::compare::Tolerance;
 use crate::dtype::DType;
@@ -89,8 +89,9 @@ pub struct BackendCaps {
     /// Largest problem, in reference multiply-adds (`sum qo * kv * hq * (dqk + dvo)`); bigger
     /// cases get the largest batch of the list that fits.
     pub max_work: usize,
-    /// Whether it can capture and replay CUDA graphs (the graph-replay paged cases).
-    pub graphs: bool,
+    /// Whether it runs the GPU-only paged paths (CUDA graph replay, the cache filled by the
+    /// device's append kernel).
+    pub device_runs: bool,
 }
 
 impl BackendCaps {
@@ -102,7 +103,7 @@ impl BackendCaps {
             custom_needs_cuda: false,
             view_alignment: 1,
             max_work: usize::MAX,
-            graphs: false,
+            device_runs: false,
         }
     }
 
@@ -114,7 +115,7 @@ impl BackendCaps {
             custom_needs_cuda: true,
             view_alignment: CUDA_VIEW_ALIGNMENT,
             max_work: usize::MAX,
-            graphs: true,
+            device_runs: true,
         }
     }
 

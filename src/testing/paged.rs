@@ -2,7 +2,8 @@
 //!
 //! A paged case is an ordinary [`Case`] (its problem, seed and ragged inputs) plus a
 //! [`PagedCase`] saying how the keys and values sit in the cache: page size, NHD or HND order,
-//! separate or combined buffers, and whether the GPU runs it through a replayed CUDA graph. The
+//! separate or combined buffers, and how a GPU runs it ([`PagedRun`]: directly, through a replayed
+//! CUDA graph, or over a cache it filled itself with its append kernel). The
 //! cache is built from the case's ragged K/V ([`Case::paged_inputs`]): every page starts as NaN,
 //! the pages are a seeded shuffle with spare pages left over (still NaN, so reading a page that is
 //! not the request's shows), and the tokens are written with
@@ -13,8 +14,8 @@
 //! head dims rotating, page sizes 1, 16, 64 rotating with the orders and storages); batch decode
 //! (one query per request) at batch 1, 7, 64, 256 and a skewed batch of 128 requests with KV
 //! lengths up to 32768, GQA groups 1, 4, 8, every variant; paged prefill (chunked prefill over a
-//! cache); and, where the backend has CUDA graphs, a decode and a paged prefill case replayed
-//! from a graph.
+//! cache); and, where the backend has the device paths, a decode and a paged prefill case replayed
+//! from a CUDA graph and two cases whose cache the GPU fills with its own append.
 
 use super::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, MASKS, SOFT_CAPS};
 use super::rng::SplitMix64;
@@ -36,8 +37,21 @@ pub struct PagedCase {
     pub order: KvOrder,
     /// Separate or combined K/V buffers.
     pub storage: KvStorage,
-    /// Whether a GPU backend runs it through a captured and replayed CUDA graph.
-    pub graph: bool,
+    /// How the backend runs it.
+    pub run: PagedRun,
+}
+
+/// How a backend runs a paged case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PagedRun {
+    /// Upload the cache, run once.
+    Direct,
+    /// Capture the run in a CUDA graph over decoy contents, write the real ones into the same
+    /// buffers, replay (GPU only).
+    GraphReplay,
+    /// Fill an all-NaN cache on the device with the append kernel from the ragged K/V, then run
+    /// (GPU only).
+    DeviceAppend,
 }
 
 /// Pages of the cache beyond those the batch uses (left NaN).
@@ -46,14 +60,19 @@ const SPARE_PAGES: usize = 3;
 const SALT_PAGES: u64 = 0x9a9e;
 
 impl PagedCase {
-    /// Name fragment, e.g. `paged16-nhd-separate` (`-graph` when replayed from a graph).
+    /// Name fragment, e.g. `paged16-nhd-separate` (`-graph` when replayed from a graph,
+    /// `-append` when the GPU fills the cache).
     pub fn name(&self) -> String {
         format!(
             "paged{}-{}-{}{}",
             self.page_size,
             self.order.name().to_lowercase(),
             self.storage.name(),
-            if self.graph { "-graph" } else { "" }
+            match self.run {
+                PagedRun::Direct => "",
+                PagedRun::GraphReplay => "-graph",
+                PagedRun::DeviceAppend => "-append",
+            }
         )
     }
 }
@@ -139,12 +158,12 @@ const PAGE_SIZES: [usize; 3] = [1, 16, 64];
 const ORDERS: [KvOrder; 2] = [KvOrder::Nhd, KvOrder::Hnd];
 const STORAGES: [KvStorage; 2] = [KvStorage::Separate, KvStorage::Combined];
 
-fn layout_at(i: usize, graph: bool) -> PagedCase {
+fn layout_at(i: usize, run: PagedRun) -> PagedCase {
     PagedCase {
         page_size: PAGE_SIZES[i % PAGE_SIZES.len()],
         order: ORDERS[(i / PAGE_SIZES.len()) % ORDERS.len()],
         storage: STORAGES[(i / 2) % STORAGES.len()],
-        graph,
+        run,
     }
 }
 
@@ -215,7 +234,7 @@ pub fn paged_cases(
                     heads: (group * kv_heads, kv_heads),
                     lens: batches[i % batches.len()].clone(),
                 },
-                layout_at(i, false),
+                layout_at(i, PagedRun::Direct),
                 "paged",
             ));
             i += 1;
@@ -254,7 +273,7 @@ pub fn paged_cases(
                 },
                 PagedCase {
                     page_size: [16, 1, 64][j % 3],
-                    ..layout_at(j, false)
+                    ..layout_at(j, PagedRun::Direct)
                 },
                 "decode",
             ));
@@ -283,12 +302,12 @@ pub fn paged_cases(
             },
             PagedCase {
                 page_size: 16,
-                ..layout_at(n + 1, false)
+                ..layout_at(n + 1, PagedRun::Direct)
             },
             "paged-prefill",
         ));
     }
-    if caps.graphs {
+    if caps.device_runs {
         out.push((
             Point {
                 config: configs[0],
@@ -298,7 +317,7 @@ pub fn paged_cases(
                 heads: (32, 8),
                 lens: (0..48).map(|r| (1, 100 + 61 * r)).collect(),
             },
-            layout_at(1, true),
+            layout_at(1, PagedRun::GraphReplay),
             "decode",
         ));
         out.push((
@@ -310,7 +329,45 @@ pub fn paged_cases(
                 heads: (8, 2),
                 lens: vec![(33, 300), (1, 77), (64, 64)],
             },
-            layout_at(4, true),
+            layout_at(4, PagedRun::GraphReplay),
+            "paged-prefill",
+        ));
+    }
+    if caps.device_runs {
+        // The GPU fills the cache with its own append kernel: a decode batch with GQA in
+        // combined HND pages, and a paged prefill with unequal head dims in page size 1.
+        out.push((
+            Point {
+                config: configs[0],
+                head_dims: dims[1 % dims.len()],
+                mask: MaskSpec::None,
+                variant: VariantSpec::SoftCap(50.0),
+                heads: (16, 4),
+                lens: (0..9).map(|r| (1, 1 + 97 * r)).collect(),
+            },
+            PagedCase {
+                page_size: 16,
+                order: KvOrder::Hnd,
+                storage: KvStorage::Combined,
+                run: PagedRun::DeviceAppend,
+            },
+            "decode",
+        ));
+        out.push((
+            Point {
+                config: configs[configs.len() - 1],
+                head_dims: dims[dims.len() - 1],
+                mask: MaskSpec::Causal,
+                variant: VariantSpec::Alibi,
+                heads: (7, 1),
+                lens: vec![(20, 45), (1, 1), (64, 300)],
+            },
+            PagedCase {
+                page_size: 1,
+                order: KvOrder::Nhd,
+                storage: KvStorage::Separate,
+                run: PagedRun::DeviceAppend,
+            },
             "paged-prefill",
         ));
     }

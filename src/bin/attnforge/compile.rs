@@ -1,5 +1,6 @@
-//! `attnforge compile`: compile every kernel the engine can emit (`codegen::compile_matrix`) for
-//! each requested architecture, and report registers, spills and shared memory per kernel.
+//! `attnforge compile`: compile every kernel the engine can emit (`codegen::compile_matrix`, plus
+//! the paged-KV append kernel) for each requested architecture, and report registers, spills and
+//! shared memory per kernel.
 //!
 //! Exits non-zero when any kernel fails to render or compile, and when any kernel spills
 //! registers beyond what it is declared to allow (`RenderedKernel::spill_budget_bytes`). This is the
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use attnforge::codegen::{self, RenderedKernel};
 use attnforge::jit::batch::{compile_all, BatchJob, Progress};
-use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, JitError, JitOutput};
+use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, JitError, JitOutput, SnippetSpan};
 use serde::Serialize;
 
 /// Default targets: Ampere, Ada, Hopper.
@@ -126,24 +127,54 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
     })
 }
 
-/// Renders the (filtered) matrix.
-fn rendered_matrix(filter: Option<&str>) -> Result<Vec<RenderedKernel>, String> {
-    let specs: Vec<_> = codegen::compile_matrix()
-        .into_iter()
-        .filter(|s| filter.is_none_or(|f| s.to_string().contains(f)))
-        .collect();
-    if specs.is_empty() {
-        return Err(format!(
-            "--filter {:?} matches none of the {} kernels",
-            filter.unwrap_or_default(),
-            codegen::compile_matrix().len()
-        ));
-    }
-    let kernels = specs.iter().map(codegen::render).collect();
-    Ok(kernels)
+/// One kernel to compile: its source and the spills it may have.
+struct Unit {
+    name: String,
+    entry: String,
+    source: String,
+    snippets: Vec<SnippetSpan>,
+    spill_budget_bytes: u32,
 }
 
-fn job(k: &RenderedKernel, arch: Arch) -> BatchJob {
+impl From<RenderedKernel> for Unit {
+    fn from(k: RenderedKernel) -> Unit {
+        Unit {
+            name: k.name,
+            entry: k.entry,
+            source: k.source,
+            snippets: k.snippets,
+            spill_budget_bytes: k.spill_budget_bytes,
+        }
+    }
+}
+
+/// Renders the (filtered) matrix: every attention kernel, and the paged-KV append kernel
+/// (which may not spill).
+fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
+    let append = codegen::render_append();
+    let mut units: Vec<Unit> = codegen::compile_matrix()
+        .iter()
+        .map(|s| Unit::from(codegen::render(s)))
+        .collect();
+    units.push(Unit {
+        name: append.entry.clone(),
+        entry: append.entry,
+        source: append.source,
+        snippets: Vec::new(),
+        spill_budget_bytes: 0,
+    });
+    let total = units.len();
+    units.retain(|u| filter.is_none_or(|f| u.name.contains(f)));
+    if units.is_empty() {
+        return Err(format!(
+            "--filter {:?} matches none of the {total} kernels",
+            filter.unwrap_or_default(),
+        ));
+    }
+    Ok(units)
+}
+
+fn job(k: &Unit, arch: Arch) -> BatchJob {
     BatchJob {
         name: k.name.clone(),
         entry: k.entry.clone(),

@@ -1,0 +1,165 @@
+//! `append_paged_kv` on the GPU: the new tokens' K and V rows of a ragged batch written into their
+//! pages by one kernel (`kernels/append_paged.cuh`), after exactly the checks of the host version
+//! ([`crate::paged::validate_append`]): a bad table or an overlapping write is an error before
+//! anything is launched. The index arrays are uploaded on each call (a small allocation), so this
+//! step is not meant for capture in a CUDA graph; it is ordered on the caller's stream before the
+//! attention that reads the pages.
+
+use super::buffers::DeviceTensor;
+use super::engine::Engine;
+use super::error::{CudaError, DriverContext};
+use super::paged::cache_strides;
+use super::prefill::check_buffer;
+use crate::codegen::{AppendParams, APPEND_THREADS};
+use crate::paged::{validate_append, KvStorage, PageTable, PagedKvLayout};
+use crate::Error;
+use cudarc::driver::{CudaStream, DevicePtr};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// The cache buffers on the device, writable, as the layout's storage says.
+#[derive(Debug)]
+pub enum DevicePagedKvMut<'a> {
+    /// K and V in two buffers.
+    Separate {
+        /// The K pages.
+        k: &'a mut DeviceTensor,
+        /// The V pages.
+        v: &'a mut DeviceTensor,
+    },
+    /// One buffer `[pages, 2, ...]`.
+    Combined(&'a mut DeviceTensor),
+}
+
+impl Engine {
+    /// Writes `k_new` (`[total_new, num_kv_heads, head_dim_qk]`, contiguous) and `v_new` into the
+    /// cache on `stream`: request `r`'s new tokens `append_indptr[r] .. append_indptr[r+1]` become
+    /// its last positions under `table` (the table after the append, as on the host). No
+    /// synchronisation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_paged_kv(
+        &self,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        table: &PageTable,
+        append_indptr: &[i32],
+        k_new: &DeviceTensor,
+        v_new: &DeviceTensor,
+        cache: DevicePagedKvMut<'_>,
+    ) -> Result<(), Error> {
+        validate_append(
+            layout,
+            table,
+            append_indptr,
+            (k_new.dtype(), k_new.len()),
+            (v_new.dtype(), v_new.len()),
+        )?;
+        if layout.dtype.size_bytes() != 2 {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("a {} cache", layout.dtype),
+                supported: "f16, bf16".into(),
+            });
+        }
+        let (k_cache, v_cache) = match (layout.storage, cache) {
+            (KvStorage::Separate, DevicePagedKvMut::Separate { k, v }) => {
+                check_buffer("k_cache", k, layout.dtype, layout.k_buffer_len())?;
+                check_buffer("v_cache", v, layout.dtype, layout.v_buffer_len())?;
+                (k.device_address(stream), v.device_address(stream))
+            }
+            (KvStorage::Combined, DevicePagedKvMut::Combined(kv)) => {
+                check_buffer("kv_cache", kv, layout.dtype, layout.k_buffer_len())?;
+                let a = kv.device_address(stream);
+                (a, a)
+            }
+            (storage, _) => {
+                return Err(CudaError::Buffer {
+                    name: "kv_cache",
+                    reason: format!(
+                        "the layout stores K and V {}, the buffers passed do not",
+                        storage.name()
+                    ),
+                }
+                .into())
+            }
+        };
+        let total_new = *append_indptr.last().unwrap_or(&0) as usize;
+        let (h, dqk, dvo) = (
+            layout.num_kv_heads,
+            layout.head_dims.qk(),
+            layout.head_dims.vo(),
+        );
+        let threads_needed = total_new * h * (dqk + dvo) / 8;
+        if threads_needed == 0 {
+            return Ok(());
+        }
+        let kernel = self.append_kernel()?;
+        let kv_len: Vec<i32> = table
+            .kv_lens(layout.page_size)
+            .iter()
+            .map(|&l| l as i32)
+            .collect();
+        // On the launch's stream: their stream-ordered frees then follow the kernel.
+        let upload =
+            |data: &[i32], what: &str| stream.clone_htod(data).during(format!("uploading {what}"));
+        let append_indptr_d = upload(append_indptr, "append_indptr")?;
+        let kv_len_d = upload(&kv_len, "kv_len")?;
+        let page_indptr_d = upload(&table.kv_page_indptr, "kv_page_indptr")?;
+        let page_indices_d = upload(&table.kv_page_indices, "kv_page_indices")?;
+        let elem = layout.dtype.size_bytes() as u64;
+        let (k_base, k_page, k_token, k_head) = cache_strides(layout, true);
+        let (v_base, v_page, v_token, v_head) = cache_strides(layout, false);
+        let ptr = |s: &cudarc::driver::CudaSlice<i32>| s.device_ptr(stream).0;
+        let mut params = AppendParams {
+            k_new: k_new.device_address(stream),
+            v_new: v_new.device_address(stream),
+            k_cache: k_cache + k_base as u64 * elem,
+            v_cache: v_cache + v_base as u64 * elem,
+            append_indptr: ptr(&append_indptr_d),
+            kv_len: ptr(&kv_len_d),
+            page_indptr: ptr(&page_indptr_d),
+            page_indices: ptr(&page_indices_d),
+            k_page_stride: k_page,
+            v_page_stride: v_page,
+            k_token_stride: k_token,
+            v_token_stride: v_token,
+            k_head_stride: k_head,
+            v_head_stride: v_head,
+            total_new: total_new as i32,
+            batch_size: table.batch_size() as i32,
+            num_kv_heads: h as i32,
+            k_chunks: (dqk / 8) as i32,
+            v_chunks: (dvo / 8) as i32,
+            page_shift: layout.page_size.trailing_zeros() as i32,
+            page_mask: (layout.page_size - 1) as i32,
+            reserved: 0,
+        };
+        let blocks = threads_needed.div_ceil(APPEND_THREADS as usize);
+        let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {
+            name: "k_new",
+            reason: format!("{total_new} new tokens need {blocks} blocks, more than a grid holds"),
+        })?;
+        let mut args = [(&mut params as *mut AppendParams).cast::<c_void>()];
+        // SAFETY: the kernel takes one AppendParams, which is repr(C) without padding and whose
+        // CUDA twin asserts the same field sizes; the table and append_indptr were validated
+        // against the layout (every page id in range, every new token inside its request's
+        // pages, no two writes to one slot), the cache buffers hold the layout's pages and the
+        // new rows hold total_new tokens; the index arrays live until the end of this function
+        // and are freed in stream order (on `stream`), after the kernel.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                kernel.cu_function(),
+                (blocks, 1, 1),
+                (APPEND_THREADS, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|source| CudaError::Launch {
+            kernel: "attnforge_append_paged_kv".into(),
+            source,
+        })?;
+        Ok(())
+    }
+}
