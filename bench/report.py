@@ -27,8 +27,8 @@ a fast wrong kernel is never published.
   python3 bench/report.py --suite paged --shapes shapes-paged.json --ours ours-paged.jsonl \\
       --peers peers-paged.jsonl --out-json merged-paged.json --plot paged.png \\
       --markdown-section section-paged.md
-  python3 bench/report.py --merged docs/benchmarks/prefill-h200.json \\
-      --plot docs/benchmarks/prefill-h200.png --update-doc docs/benchmarks.md
+  python3 bench/report.py --merged docs/results/prefill-h200-2026-11-30-s2.json \\
+      --plot docs/results/prefill-h200-2026-11-30-s2.png --update-doc docs/benchmarks.md
 """
 
 import argparse
