@@ -39,6 +39,9 @@ Usage (on the GPU machine):
   python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
 Also: --dry-run (print the plan, no GPU, no torch), --self-test (checks the reference, and the
 page gather of the paged suite, on the CPU), --impls and --filter (narrow a run).
+
+The page table check, the float64 reference, the page gather, the output check (with TOLERANCE)
+and the self-test are in bench/peers_check.py, which this script imports.
 """
 
 import argparse
@@ -49,6 +52,8 @@ import statistics
 import sys
 import time
 import warnings
+
+from peers_check import TOLERANCE, check_output, check_page_table, gather_pages
 
 SUITE_PREFILL = "prefill"
 SUITE_PAGED = "paged"
@@ -76,8 +81,6 @@ TARGET_TIMED_MS = 300.0  # GPU time spent on timed runs per (shape, impl), withi
 ENQUEUE_MARGIN = 1.5  # keep the GPU busy 1.5x as long as enqueueing the runs takes
 SLEEP_CAP_MS = 2000.0
 ASSUMED_CLOCK_KHZ = 2_000_000
-CHECK_REQUESTS = 3  # first, middle and last request of a batch
-TOLERANCE = {"f16": 1e-2, "bf16": 3e-2}  # relative L2 error of o on the checked rows
 JIT_PROBE_LENS = {"single": [128], "batch": [64, 96]}
 JIT_PROBE_PAGED = {"qo_lens": [5, 3], "kv_pages": [3, 1]}  # decode probes use qo_lens 1
 INPUT_MEMORY_BUDGET = 16 * 1000 ** 3  # all rotated copies of a shape's inputs together
@@ -192,7 +195,8 @@ class Shape:
 class PagedShape(Shape):
     """One resolved paged shape: a batch whose K and V live in pages of a cache (NHD, separate K
     and V caches of [num_pages, page_size, num_kv_heads, head_dim]), found through FlashInfer's
-    page table (kv_page_indptr, kv_page_indices, kv_last_page_len). Always a batch."""
+    page table (kv_page_indptr, kv_page_indices, kv_last_page_len), which peers_check's
+    check_page_table validates. Always a batch."""
 
     suite = SUITE_PAGED
 
@@ -206,36 +210,7 @@ class PagedShape(Shape):
         self.kv_page_indptr = [int(x) for x in obj["kv_page_indptr"]]
         self.kv_page_indices = [int(x) for x in obj["kv_page_indices"]]
         self.kv_last_page_len = [int(x) for x in obj["kv_last_page_len"]]
-        self._validate_table()
-
-    def _validate_table(self):
-        """The page table must describe exactly kv_lens, with every page id inside the cache."""
-        name, ps, batch = self.name, self.page_size, len(self.kv_lens)
-        if ps < 1 or ps & (ps - 1):
-            raise ValueError(f"shape {name!r}: page_size {ps} is not a power of two")
-        indptr, indices, last = self.kv_page_indptr, self.kv_page_indices, self.kv_last_page_len
-        if len(indptr) != batch + 1 or indptr[0] != 0:
-            raise ValueError(f"shape {name!r}: kv_page_indptr needs {batch + 1} entries from 0")
-        if len(last) != batch:
-            raise ValueError(f"shape {name!r}: kv_last_page_len needs {batch} entries")
-        if len(indices) != indptr[-1]:
-            raise ValueError(f"shape {name!r}: kv_page_indices has {len(indices)} ids, "
-                             f"kv_page_indptr ends at {indptr[-1]}")
-        bad = [p for p in indices if not 0 <= p < self.num_pages]
-        if bad:
-            raise ValueError(f"shape {name!r}: page id {bad[0]} outside 0..{self.num_pages}")
-        for r in range(batch):
-            pages = indptr[r + 1] - indptr[r]
-            if pages < 0:
-                raise ValueError(f"shape {name!r}: kv_page_indptr decreases at request {r}")
-            lo = 1 if pages else 0
-            if not lo <= last[r] <= (ps if pages else 0):
-                raise ValueError(f"shape {name!r}: kv_last_page_len[{r}] = {last[r]} with "
-                                 f"{pages} pages of {ps}")
-            kv_len = (pages - 1) * ps + last[r] if pages else 0
-            if kv_len != self.kv_lens[r]:
-                raise ValueError(f"shape {name!r}: request {r} has {kv_len} keys in its pages "
-                                 f"but kv_lens[{r}] = {self.kv_lens[r]}")
+        check_page_table(self)
 
     @property
     def single(self):
@@ -259,12 +234,8 @@ class PagedShape(Shape):
         kv_page_indices[kv_page_indptr[r] + j // page_size], slot j % page_size."""
         import torch  # noqa: PLC0415 (only the GPU run and the self-test come here)
         ids = self.kv_page_indices[self.kv_page_indptr[r]:self.kv_page_indptr[r + 1]]
-        pages = torch.tensor(ids, dtype=torch.long, device=k_cache.device)
         kl = self.kv_lens[r]
-
-        def gather(cache):
-            return cache.index_select(0, pages).reshape(-1, *cache.shape[2:])[:kl]
-        return gather(k_cache), gather(v_cache)
+        return gather_pages(torch, k_cache, ids, kl), gather_pages(torch, v_cache, ids, kl)
 
     def probe(self):
         """A tiny paged shape of the same FlashInfer configuration and kind (decode or not)."""
@@ -318,59 +289,6 @@ def result_line(shape, impl, status, median_ms=None, runs=0, note=None, rel_err=
     if rel_err is not None:
         line["rel_err"] = rel_err
     return line
-
-
-# ----------------------------------------------------------------------------------------------
-# Reference and check (torch, float64)
-
-
-def reference_rows(torch, q, k, v, rows, shape):
-    """Exact attention for the given query rows of one request: [len(rows), hq, d_vo] float64.
-
-    q: [qo_len, hq, d_qk], k: [kv_len, hkv, d_qk], v: [kv_len, hkv, d_vo]. Query head h reads KV
-    head h // group. Causal is bottom-right aligned: key j is visible to row i iff
-    j <= i + (kv_len - qo_len). A row with no visible key gives o = 0."""
-    group = shape.hq // shape.hkv
-    qo_len, kv_len = q.shape[0], k.shape[0]
-    row_idx = torch.tensor(rows, device=q.device, dtype=torch.long)
-    qr = q.index_select(0, row_idx).double()
-    kf = k.double().repeat_interleave(group, dim=1)
-    vf = v.double().repeat_interleave(group, dim=1)
-    s = torch.einsum("rhd,khd->hrk", qr, kf) * shape.sm_scale
-    if shape.soft_cap:
-        s = shape.soft_cap * torch.tanh(s / shape.soft_cap)
-    if shape.causal:
-        j = torch.arange(kv_len, device=q.device)
-        visible = j[None, :] <= (row_idx + (kv_len - qo_len))[:, None]
-        s = s.masked_fill(~visible[None, :, :], float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("hrk,khd->rhd", p, vf)
-
-
-def check_output(torch, shape, q, k, v, out):
-    """(rel_err, None) when `out` ([total_qo, hq, d_vo]) matches the reference on the checked rows,
-    (rel_err, reason) otherwise. k and v are the batch's K and V as the peer read them
-    (contiguous, or the page caches of a paged shape: shape.request_kv finds each request's)."""
-    reqs = shape.requests()
-    picks = sorted({0, len(reqs) // 2, len(reqs) - 1})[:CHECK_REQUESTS]
-    got_all, ref_all = [], []
-    for r in picks:
-        qs, ql, _, _ = reqs[r]
-        rows = sorted({0, ql // 3, (2 * ql) // 3, ql - 1})
-        kr, vr = shape.request_kv(k, v, r)
-        ref = reference_rows(torch, q[qs:qs + ql], kr, vr, rows, shape)
-        idx = torch.tensor([qs + x for x in rows], device=out.device, dtype=torch.long)
-        got_all.append(out.index_select(0, idx).double())
-        ref_all.append(ref)
-    got, ref = torch.cat(got_all), torch.cat(ref_all)
-    if got.shape != ref.shape:
-        return None, f"output shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
-    if not bool(torch.isfinite(got).all()):
-        return None, "non-finite values in the output"
-    rel = float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref))
-    if rel > TOLERANCE[shape.dtype]:
-        return rel, f"relative L2 error {rel:.3e} > {TOLERANCE[shape.dtype]:.0e} on checked rows"
-    return rel, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -785,160 +703,6 @@ def dry_run(suite, shapes, impls):
         print(f"  {key}")
 
 
-def sdpa_f64(torch, q, k, v, causal, group):
-    """torch's math SDPA in float64 on one request ([len, heads, d] in and out), causal mask
-    bottom-right aligned; the self-test's independent route to the expected output."""
-    qb = q.double().transpose(0, 1)
-    kb = k.double().transpose(0, 1).repeat_interleave(group, 0)
-    vb = v.double().transpose(0, 1).repeat_interleave(group, 0)
-    mask = None
-    if causal:
-        ql, kl = q.shape[0], k.shape[0]
-        mask = torch.arange(kl)[None, :] <= (torch.arange(ql) + (kl - ql))[:, None]
-    o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
-    return o.transpose(0, 1)
-
-
-def self_test_prefill(torch):
-    """The reference against torch's math SDPA, and a soft-cap case by hand. Returns [ok...]."""
-    results = []
-    cases = [(32, 8, 64, True, [37], [37]), (4, 4, 64, False, [21], [21]),
-             (8, 2, 128, True, [5, 40, 17], [5, 40, 17])]
-    for hq, hkv, d, causal, qls, kls in cases:
-        shape = Shape({"name": "t", "qo_lens": qls, "kv_lens": kls, "num_qo_heads": hq,
-                       "num_kv_heads": hkv, "head_dim": d, "causal": causal, "dtype": "f16",
-                       "soft_cap": None, "qk_accum": "f32", "flops": 1, "bytes": 1})
-        q = torch.randn(sum(qls), hq, d, dtype=torch.float16)
-        k = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
-        v = torch.randn(sum(kls), hkv, d, dtype=torch.float16)
-        out = torch.cat([sdpa_f64(torch, q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl], causal,
-                                  hq // hkv)
-                         for qs, ql, ks, kl in shape.requests()]).to(torch.float16)
-        rel, problem = check_output(torch, shape, q, k, v, out)
-        ok = problem is None and rel < 1e-3
-        bad = out.clone()
-        bad[:, 0, :] = bad[:, 0, :].flip(0)  # rows of head 0 permuted: must be caught
-        _, caught = check_output(torch, shape, q, k, v, bad)
-        ok = ok and caught is not None
-        results.append(ok)
-        print(f"self-test hq={hq} hkv={hkv} d={d} causal={causal} lens={qls}: rel={rel} "
-              f"perturbed->{caught!r} {'PASS' if ok else 'FAIL'}")
-    # Soft-cap: one query row, two keys, by hand.
-    shape = Shape({"name": "cap", "qo_lens": [1], "kv_lens": [2], "num_qo_heads": 1,
-                   "num_kv_heads": 1, "head_dim": 4, "causal": False, "dtype": "f16",
-                   "soft_cap": 2.0, "qk_accum": "f32", "flops": 1, "bytes": 1})
-    q = torch.tensor([[[4.0, 0.0, 0.0, 0.0]]])
-    k = torch.tensor([[[3.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0, 0.0]]])
-    v = torch.tensor([[[1.0, 0.0, 0.0, 0.0]], [[0.0, 1.0, 0.0, 0.0]]])
-    t0 = 2.0 * math.tanh(4.0 * 3.0 * 0.5 / 2.0)
-    p0 = math.exp(t0) / (math.exp(t0) + 1.0)
-    ref = reference_rows(torch, q, k, v, [0], shape)
-    ok = abs(float(ref[0, 0, 0]) - p0) < 1e-12 and abs(float(ref[0, 0, 1]) - (1 - p0)) < 1e-12
-    results.append(ok)
-    print(f"self-test soft-cap by hand: {float(ref[0, 0, 0])} vs {p0} {'PASS' if ok else 'FAIL'}")
-    return results
-
-
-# A hand-written page table: 3 requests of 9, 4 and 6 keys in pages of 4 (ids shuffled, pages 1,
-# 4, 6 and 8 unused), for the paged self-test.
-SELF_TEST_TABLE = {"page_size": 4, "num_pages": 10, "kv_page_indptr": [0, 3, 4, 6],
-                   "kv_page_indices": [7, 2, 9, 0, 5, 3], "kv_last_page_len": [1, 4, 2]}
-SELF_TEST_KV_LENS = [9, 4, 6]
-
-
-def self_test_paged_case(torch, label, qls, causal, hq, hkv, d):
-    """One hand-written paged batch (SELF_TEST_TABLE): K/V scattered into the caches token by
-    token by the contract's formula; the gather must give them back exactly; outputs computed on
-    the contiguous K/V must pass the check, outputs computed from the pages in sorted order (a
-    kernel that ignores the shuffle) must fail it."""
-    table = SELF_TEST_TABLE
-    shape = PagedShape({"name": label, "qo_lens": qls, "kv_lens": SELF_TEST_KV_LENS,
-                        "num_qo_heads": hq, "num_kv_heads": hkv, "head_dim": d,
-                        "causal": causal, "dtype": "f16", "soft_cap": None,
-                        "qk_accum": "f32", "flops": 1, "bytes": 1, **table})
-    ps, group = shape.page_size, hq // hkv
-    k_cache = torch.randn(shape.num_pages, ps, hkv, d, dtype=torch.float16)
-    v_cache = torch.randn(shape.num_pages, ps, hkv, d, dtype=torch.float16)
-    q = torch.randn(sum(qls), hq, d, dtype=torch.float16)
-    ks, vs = [], []
-    for r, kl in enumerate(SELF_TEST_KV_LENS):
-        ks.append(torch.randn(kl, hkv, d, dtype=torch.float16))
-        vs.append(torch.randn(kl, hkv, d, dtype=torch.float16))
-        for j in range(kl):
-            page = table["kv_page_indices"][table["kv_page_indptr"][r] + j // ps]
-            k_cache[page, j % ps] = ks[r][j]
-            v_cache[page, j % ps] = vs[r][j]
-    gather_ok = all(torch.equal(gk, ks[r]) and torch.equal(gv, vs[r]) for r, (gk, gv) in
-                    enumerate(shape.request_kv(k_cache, v_cache, r) for r in range(len(qls))))
-
-    def outputs(kv_of):
-        return torch.cat([sdpa_f64(torch, q[qs:qs + ql], *kv_of(r), causal, group)
-                          for r, (qs, ql, _, _) in enumerate(shape.requests())])
-
-    def sorted_pages(r):
-        ids = sorted(table["kv_page_indices"][table["kv_page_indptr"][r]:
-                                              table["kv_page_indptr"][r + 1]])
-        kl = SELF_TEST_KV_LENS[r]
-        return k_cache[ids].reshape(-1, hkv, d)[:kl], v_cache[ids].reshape(-1, hkv, d)[:kl]
-
-    out = outputs(lambda r: (ks[r], vs[r])).to(torch.float16)
-    rel, problem = check_output(torch, shape, q, k_cache, v_cache, out)
-    bad = outputs(sorted_pages).to(torch.float16)
-    _, caught = check_output(torch, shape, q, k_cache, v_cache, bad)
-    ok = gather_ok and problem is None and rel < 1e-3 and caught is not None \
-        and shape.decode == (label == "decode")
-    print(f"self-test paged {label} hq={hq} hkv={hkv} d={d} qo={qls}: gather "
-          f"{'exact' if gather_ok else 'DIFFERS'}, rel={rel}, sorted pages->{caught!r} "
-          f"{'PASS' if ok else 'FAIL'}")
-    return ok
-
-
-def self_test_paged(torch):
-    """Paged batches (self_test_paged_case), bad page tables refused, and JIT probes that are
-    valid paged shapes of the same kind. Returns [ok...]."""
-    results = [self_test_paged_case(torch, *case) for case in [
-        ("prefill causal", [3, 1, 6], True, 4, 2, 16),
-        ("prefill non-causal", [2, 4, 6], False, 4, 4, 32),
-        ("decode", [1, 1, 1], False, 8, 2, 16)]]
-    base = {"name": "bad", "qo_lens": [1, 1, 1], "kv_lens": SELF_TEST_KV_LENS,
-            "num_qo_heads": 2, "num_kv_heads": 1, "head_dim": 16, "causal": False,
-            "dtype": "bf16", "soft_cap": None, "qk_accum": "f32", "flops": 1, "bytes": 1,
-            **SELF_TEST_TABLE}
-    bad_tables = {"last page too short": {"kv_last_page_len": [2, 4, 2]},
-                  "page id outside": {"kv_page_indices": [7, 2, 10, 0, 5, 3]},
-                  "page_size not a power of two": {"page_size": 3},
-                  "indptr too short": {"kv_page_indptr": [0, 3, 6]}}
-    for label, change in bad_tables.items():
-        try:
-            PagedShape({**base, **change})
-            why = None
-        except ValueError as exc:
-            why = str(exc)
-        results.append(why is not None)
-        print(f"self-test paged table refused ({label}): {why!r} "
-              f"{'PASS' if why is not None else 'FAIL'}")
-    probes_ok = True
-    for ps in (1, 16):
-        for qls, causal in (([1, 1, 1], False), ([3, 1, 6], True)):
-            obj = {**base, "qo_lens": qls, "causal": causal, "page_size": ps,
-                   "kv_lens": [(pages - 1) * ps + 1 for pages in (3, 1, 2)],
-                   "kv_last_page_len": [1, 1, 1]}
-            shape = PagedShape(obj)
-            probes_ok = probes_ok and shape.probe().decode == shape.decode
-    results.append(probes_ok)
-    print(f"self-test paged probes valid and of the same kind: {'PASS' if probes_ok else 'FAIL'}")
-    return results
-
-
-def self_test(torch):
-    """CPU checks: the reference, the page gather and the paged shape checks (no GPU)."""
-    torch.manual_seed(0)
-    results = self_test_prefill(torch) + self_test_paged(torch)
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return failed == 0
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shapes", nargs="?", help="resolved shapes (attnforge bench --print-shapes)")
@@ -959,7 +723,8 @@ def main():
 
     if args.self_test:
         import torch  # noqa: PLC0415
-        return 0 if self_test(torch) else 1
+        from peers_check import self_test  # noqa: PLC0415
+        return 0 if self_test(torch, Shape, PagedShape) else 1
     if not args.shapes:
         ap.error("the resolved shapes file is required")
     known = SUITE_IMPLS[args.suite]

@@ -4,9 +4,11 @@
 section of docs/benchmarks.md for one suite:
 
   prefill  TFLOP/s; the plot draws TFLOP/s against sequence length (bars for the other shapes).
-  paged    TB/s (the shape's `bytes`: Q, K, V read once, O written once); two tables, batch
-           decode and paged prefill, each against the FlashInfer wrappers that ran it; the plot
-           draws TB/s bars per shape beside the device's measured copy bandwidth.
+  paged    two tables, each against the FlashInfer wrappers that ran it: batch decode (bound by
+           memory) in TB/s (the shape's `bytes`: Q, K, V read once, O written once), and batch
+           paged prefill (bound by compute) in TFLOP/s, its ratios from TFLOP/s, with a TB/s
+           column beside; the plot draws one panel of bars per table, in the table's figure, the
+           decode panel beside the device's measured copy bandwidth.
 
 Inputs are the JSON lines of the benchmark data contract (docs/gpu-workflow.md): ours from
 `attnforge bench [--suite paged] --json-out`, the peers' from bench/peers.py, and the resolved
@@ -25,8 +27,8 @@ a fast wrong kernel is never published.
   python3 bench/report.py --suite paged --shapes shapes-paged.json --ours ours-paged.jsonl \\
       --peers peers-paged.jsonl --out-json merged-paged.json --plot paged.png \\
       --markdown-section section-paged.md
-  python3 bench/report.py --merged docs/benchmarks/prefill-h200.json \\
-      --plot docs/benchmarks/prefill-h200.png --update-doc docs/benchmarks.md
+  python3 bench/report.py --merged docs/results/prefill-h200-2026-11-30-s2.json \\
+      --plot docs/results/prefill-h200-2026-11-30-s2.png --update-doc docs/benchmarks.md
 """
 
 import argparse
@@ -39,13 +41,20 @@ import sys
 from peers import SUITE_IMPLS, SUITE_PAGED, SUITE_PREFILL, is_decode
 
 OURS = "attnforge"
-# Per suite: the result field that is the table's figure, its unit and format, the section title.
+# The figures a result line carries: field -> (unit, format).
+METRICS = {"tflops": ("TFLOP/s", "{:.1f}"), "tbps": ("TB/s", "{:.2f}")}
+# Per suite: the section title, what the plot draws (its title), and for the prefill suite the
+# result field that is the table's figure (the ratios' too). The paged suite's tables each name
+# their own figure (PAGED_GROUPS).
 SUITE_INFO = {
-    SUITE_PREFILL: {"metric": "tflops", "unit": "TFLOP/s", "fmt": "{:.1f}", "title": "Prefill"},
-    SUITE_PAGED: {"metric": "tbps", "unit": "TB/s", "fmt": "{:.2f}",
-                  "title": "Paged KV cache: batch decode and paged prefill"},
+    SUITE_PREFILL: {"metric": "tflops", "title": "Prefill", "plot_units": "TFLOP/s"},
+    SUITE_PAGED: {"title": "Paged KV cache: batch decode and paged prefill",
+                  "plot_units": "TB/s (decode), TFLOP/s (paged prefill)"},
 }
-PAGED_GROUPS = ["Batch decode", "Batch paged prefill"]
+# The paged suite's tables: (title, decode shapes or not, figure, extra columns). Decode is bound
+# by memory (TB/s); paged prefill by compute (TFLOP/s, with its TB/s in an extra column).
+PAGED_GROUPS = [("Batch decode", True, "tbps", []),
+                ("Batch paged prefill", False, "tflops", ["tbps"])]
 DEVICE_COPY_TBPS = 4.3  # device-to-device copy measured on the H200 (shared/peers/README.md)
 DEVICE_COPY_LABEL = "device copy bandwidth (measured)"
 PAGED_Y_HEADROOM = 1.15  # room above the highest bar or the copy line for its label
@@ -60,6 +69,7 @@ PLOT_DPI = 110
 LEGEND_SPACE_IN = 0.45  # per row of legend entries
 LEGEND_ENTRY_WIDTH_IN = 2.6
 TITLE_SPACE_IN = 0.5
+TITLE_LINE_IN = 0.25  # more room when the title takes a second line
 
 
 def read_jsonl(path, suite):
@@ -151,34 +161,43 @@ class Footnotes:
 
 
 def table_groups(merged):
-    """[(title or None, shapes, impls)]: the prefill suite is one table of every impl; the paged
-    suite is a decode table and a paged prefill table, each with the impls that have a result line
-    for one of its shapes (peers.py runs the decode wrappers on decode shapes only)."""
+    """[(title or None, shapes, impls, metric, extras)]: the prefill suite is one table of every
+    impl in its suite's figure; the paged suite is a decode table (TB/s) and a paged prefill table
+    (TFLOP/s, extra column TB/s), each with the impls that have a result line for one of its
+    shapes (peers.py runs the decode wrappers on decode shapes only). `metric` is the result field
+    of the table's figure and ratios, `extras` the fields shown beside it."""
     shapes = merged["shapes"]
     if merged["suite"] != SUITE_PAGED:
-        return [(None, shapes, merged["impls"])]
+        return [(None, shapes, merged["impls"], suite_info(merged)["metric"], [])]
     groups = []
-    for title, decode in zip(PAGED_GROUPS, (True, False)):
+    for title, decode, metric, extras in PAGED_GROUPS:
         members = [s for s in shapes if is_decode(s) == decode]
         present = {impl for s in members for impl in s["results"]}
         impls = [i for i in merged["impls"] if i == OURS or i in present]
         if members:
-            groups.append((title, members, impls))
+            groups.append((title, members, impls, metric, extras))
     return groups
+
+
+def extra_cells(line, extras):
+    """The cells of a result line's extra figures: "-" where it has none (its status is in the
+    table's figure column)."""
+    return [METRICS[x][1].format(line[x]) if is_ok(line, x) else "-" for x in extras]
 
 
 def markdown_table(merged):
     """Markdown lines of the tables (a heading above each when the suite has several), the
-    ratio summary lines and the footnotes of the statuses other than ok."""
-    info = suite_info(merged)
-    metric, unit, fmt = info["metric"], info["unit"], info["fmt"]
+    ratio summary lines and the footnotes of the statuses other than ok. Each impl has a column
+    of the table's figure, then one per extra figure ("-" unless ok), then, for a peer, the ratio
+    ours/peer of the table's figure."""
     notes = Footnotes()
     rows, summary = [], []
-    for title, shapes, impls in table_groups(merged):
+    for title, shapes, impls, metric, extras in table_groups(merged):
+        unit, fmt = METRICS[metric]
         peers = [i for i in impls if i != OURS]
-        head = ["shape", f"{OURS} {unit}"]
+        head = ["shape", f"{OURS} {unit}"] + [f"{OURS} {METRICS[x][0]}" for x in extras]
         for p in peers:
-            head += [f"{p} {unit}", f"{OURS}/{p}"]
+            head += [f"{p} {unit}"] + [f"{p} {METRICS[x][0]}" for x in extras] + [f"{OURS}/{p}"]
         if title:
             rows += [f"### {title}", ""]
         rows += ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
@@ -188,10 +207,12 @@ def markdown_table(merged):
             ours = res.get(OURS)
             cells = [s["name"],
                      fmt.format(ours[metric]) if is_ok(ours, metric) else notes.ref(OURS, ours)]
+            cells += extra_cells(ours, extras)
             for p in peers:
                 line = res.get(p)
                 cells.append(fmt.format(line[metric]) if is_ok(line, metric)
                              else notes.ref(p, line))
+                cells += extra_cells(line, extras)
                 if is_ok(ours, metric) and is_ok(line, metric):
                     r = ours[metric] / line[metric]
                     ratios[p].append((r, s["name"]))
@@ -263,13 +284,18 @@ def finish_figure(plt, fig, axes, merged, path):
                 handles.append(h)
                 labels.append(lab)
     meta = merged["meta"]
-    fig.suptitle(f"{merged['suite']}: {suite_info(merged)['unit']} by kernel — "
-                 f"{meta.get('gpu') or 'GPU ?'}, {meta.get('date')}", fontsize=12)
+    what = f"{merged['suite']}: {suite_info(merged)['plot_units']} by kernel"
+    where = f"{meta.get('gpu') or 'GPU ?'}, {meta.get('date')}"
+    title = fig.suptitle(f"{what} — {where}", fontsize=12)
+    title_space = TITLE_SPACE_IN
+    if title.get_window_extent(fig.canvas.get_renderer()).width > fig.bbox.width:
+        title.set_text(f"{what}\n{where}")  # too wide for the figure: two lines
+        title_space += TITLE_LINE_IN
     ncol = max(1, min(len(labels), int(fig.get_figwidth() // LEGEND_ENTRY_WIDTH_IN)))
     fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False)
     height = fig.get_figheight()
     legend_space = LEGEND_SPACE_IN * math.ceil(len(labels) / ncol) if labels else 0.0
-    fig.tight_layout(rect=(0, legend_space / height, 1, 1 - TITLE_SPACE_IN / height))
+    fig.tight_layout(rect=(0, legend_space / height, 1, 1 - title_space / height))
     fig.savefig(path, dpi=PLOT_DPI)
     plt.close(fig)
 
@@ -326,30 +352,32 @@ def plot_prefill(merged, path):
 
 
 def plot_paged(merged, path):
-    """TB/s bars per shape and impl, one panel per table (decode, paged prefill), each with the
-    device's measured copy bandwidth as a horizontal line: the ceiling a memory-bound kernel
-    approaches."""
+    """Bars per shape and impl, one panel per table in the table's figure: TB/s for decode, with
+    the device's measured copy bandwidth as a horizontal line (the ceiling a memory-bound kernel
+    approaches), TFLOP/s for paged prefill (no line: the copy bandwidth bounds nothing there)."""
     groups = table_groups(merged)
     if not groups:
         raise ValueError("nothing to plot: no shapes")
     plt = load_pyplot()
     colors = {impl: f"C{n}" for n, impl in enumerate(merged["impls"])}
-    most = max(len(shapes) for _, shapes, _ in groups)
+    most = max(len(group[1]) for group in groups)
     width = max(BAR_PANEL_MIN_WIDTH_IN, BAR_PANEL_WIDTH_PER_SHAPE_IN * most)
     fig = plt.figure(figsize=(width, BAR_PANEL_HEIGHT_IN * len(groups) + 1.0))
     axes = []
-    for n, (title, shapes, impls) in enumerate(groups):
+    for n, (title, shapes, impls, metric, _) in enumerate(groups):
         ax = fig.add_subplot(len(groups), 1, n + 1)
-        bar_panel(ax, shapes, impls, colors, "tbps", "TB/s")
-        ax.axhline(DEVICE_COPY_TBPS, color="black", linestyle="--", linewidth=1.0)
-        ax.annotate(f"{DEVICE_COPY_LABEL}: {DEVICE_COPY_TBPS:g} TB/s",
-                    (1.0, DEVICE_COPY_TBPS), xycoords=("axes fraction", "data"),
-                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom",
-                    fontsize=8)
-        highest = max([s["results"][i]["tbps"] for s in shapes for i in impls
-                       if is_ok(s["results"].get(i), "tbps")], default=0.0)
-        ax.set_ylim(0, max(highest, DEVICE_COPY_TBPS) * PAGED_Y_HEADROOM)
-        ax.set_title(title, fontsize=10)
+        bar_panel(ax, shapes, impls, colors, metric, METRICS[metric][0])
+        top = max([s["results"][i][metric] for s in shapes for i in impls
+                   if is_ok(s["results"].get(i), metric)], default=0.0)
+        if metric == "tbps":
+            ax.axhline(DEVICE_COPY_TBPS, color="black", linestyle="--", linewidth=1.0)
+            ax.annotate(f"{DEVICE_COPY_LABEL}: {DEVICE_COPY_TBPS:g} TB/s",
+                        (1.0, DEVICE_COPY_TBPS), xycoords=("axes fraction", "data"),
+                        xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom",
+                        fontsize=8)
+            top = max(top, DEVICE_COPY_TBPS)
+        ax.set_ylim(0, (top or 1.0) * PAGED_Y_HEADROOM)
+        ax.set_title(f"{title} ({METRICS[metric][0]})", fontsize=10)
         axes.append(ax)
     finish_figure(plt, fig, axes, merged, path)
 
@@ -369,11 +397,14 @@ def markdown_section(merged, plot_link, json_link):
                f"they fit in L2; FLOPs and bytes from `{shapes_cmd}` for every "
                "kernel; every peer checked against a float64 reference before its time is kept.")
     if suite == SUITE_PAGED:
-        out.append(f"- Figure: TB/s = the shape's `bytes` (Q, K and V read once, O written once) "
-                   f"over the median time; the device-to-device copy reaches about "
-                   f"{DEVICE_COPY_TBPS:g} TB/s on this GPU. Decode shapes (every query length 1) "
-                   "run FlashInfer's decode wrapper without and with tensor cores; the others its "
-                   "FA2 paged prefill wrapper. torch SDPA has no paged KV cache.")
+        out.append(f"- Figures: batch decode is bound by memory: TB/s = the shape's `bytes` (Q, "
+                   f"K and V read once, O written once) over the median time; the "
+                   f"device-to-device copy reaches about {DEVICE_COPY_TBPS:g} TB/s on this GPU. "
+                   "Batch paged prefill is bound by compute: TFLOP/s = the shape's `flops` over "
+                   "the median time, and its ratios are of TFLOP/s; its TB/s is shown beside. "
+                   "Decode shapes (every query length 1) run FlashInfer's decode wrapper without "
+                   "and with tensor cores; the others its FA2 paged prefill wrapper. torch SDPA "
+                   "has no paged KV cache.")
     if json_link:
         out.append(f"- Raw results: [`{json_link}`]({json_link})")
     out += ["", *rows, ""]
@@ -384,7 +415,7 @@ def markdown_section(merged, plot_link, json_link):
         out += ["", "Environment:", "", "```", *meta["environment"], "```"]
     if plot_link:
         alt = f"{suite} TFLOP/s against sequence length" if suite == SUITE_PREFILL else \
-            f"{suite} {info['unit']} by shape and kernel"
+            f"{suite}: {info['plot_units']} by shape and kernel"
         out += ["", f"![{alt}]({plot_link})"]
     out += [END_MARK.format(suite=suite), ""]
     return "\n".join(out)
