@@ -95,7 +95,22 @@ impl Backend for CudaBackend {
         }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let progress = Progress::auto(jobs.len(), "kernels");
-        compile_all(jit, &jobs, threads, &progress)?;
+        let results = compile_all(jit, &jobs, threads, &progress)?;
+        // A kernel that failed here is compiled again by its case's run, which then reports it
+        // as that case's failure; the first error is shown now too, since it may be this step's
+        // own (its parallel compiles are the only ones verify makes).
+        let failed: Vec<String> = results
+            .iter()
+            .zip(&jobs)
+            .filter_map(|(r, job)| r.as_ref().err().map(|e| format!("{}: {e}", job.name)))
+            .collect();
+        if let Some(first) = failed.first() {
+            eprintln!(
+                "prepare: {} of {} kernels failed to compile in parallel; first: {first}",
+                failed.len(),
+                jobs.len()
+            );
+        }
         Ok(())
     }
 
