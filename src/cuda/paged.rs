@@ -14,8 +14,8 @@ use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
-use super::plan::{upload, KernelPlan, KvAddress, PageAddress, ROW_ALIGNMENT};
-use super::prefill::{check_buffer, qo_address};
+use super::plan::{upload, KernelPlan, KvAddress, PageAddress};
+use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
 use crate::codegen::{KernelSpec, KvCache, TileConfig};
 use crate::paged::{KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
@@ -82,22 +82,8 @@ impl PagedPlan {
         tile: Option<TileConfig>,
     ) -> Result<PagedPlan, Error> {
         let problem = paged.problem();
-        let q = &problem.q_view;
-        for (what, value) in [
-            ("offset", q.offset),
-            ("token stride", q.token_stride),
-            ("head stride", q.head_stride),
-        ] {
-            if value % ROW_ALIGNMENT != 0 {
-                return Err(Error::Unsupported {
-                    backend: "cuda",
-                    what: format!("q view {what} {value}"),
-                    supported: format!(
-                        "offsets and strides that are multiples of {ROW_ALIGNMENT} elements"
-                    ),
-                });
-            }
-        }
+        // K and V are read through the cache layout, whose rows are whole 16-byte chunks.
+        check_view_alignment("q", &problem.q_view)?;
         let table = paged.table().clone();
         Ok(PagedPlan {
             plan: KernelPlan::new(engine, problem, KvCache::Paged, tile)?,

@@ -25,21 +25,24 @@ pub struct PrefillPlan {
     plan: KernelPlan,
 }
 
-/// Rejects views whose rows are not 16-byte aligned (the kernels' copies would fault).
-fn check_alignment(p: &AttentionProblem) -> Result<(), Error> {
-    for (name, view) in [("q", &p.q_view), ("k", &p.k_view), ("v", &p.v_view)] {
-        for (what, value) in [
-            ("offset", view.offset),
-            ("token stride", view.token_stride),
-            ("head stride", view.head_stride),
-        ] {
-            if value % ROW_ALIGNMENT != 0 {
-                return Err(Error::Unsupported {
-                    backend: "cuda",
-                    what: format!("{name} view {what} {value}"),
-                    supported: format!("offsets and strides that are multiples of {ROW_ALIGNMENT} elements (16 bytes)"),
-                });
-            }
+/// Rejects a view whose rows are not 16-byte aligned (the kernels' copies would fault).
+pub(crate) fn check_view_alignment(
+    name: &str,
+    view: &crate::problem::TensorView,
+) -> Result<(), Error> {
+    for (what, value) in [
+        ("offset", view.offset),
+        ("token stride", view.token_stride),
+        ("head stride", view.head_stride),
+    ] {
+        if value % ROW_ALIGNMENT != 0 {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("{name} view {what} {value}"),
+                supported: format!(
+                    "offsets and strides that are multiples of {ROW_ALIGNMENT} elements (16 bytes)"
+                ),
+            });
         }
     }
     Ok(())
@@ -124,7 +127,13 @@ impl PrefillPlan {
         tile: Option<TileConfig>,
     ) -> Result<PrefillPlan, Error> {
         problem.validate()?;
-        check_alignment(problem)?;
+        for (name, view) in [
+            ("q", &problem.q_view),
+            ("k", &problem.k_view),
+            ("v", &problem.v_view),
+        ] {
+            check_view_alignment(name, view)?;
+        }
         Ok(PrefillPlan {
             plan: KernelPlan::new(engine, problem, KvCache::Ragged, tile)?,
         })

@@ -226,7 +226,6 @@ fn measure(
     let plan = PrefillPlan::with_tile(engine, &problem, args.tile)?;
     line.kernel = Some(plan.spec().name());
     let copies = copies_for(shape);
-    let stream = engine.stream();
     let mut sets = Vec::new();
     for c in 0..copies {
         let (q, k, v) = random_inputs(&problem, args.seed.wrapping_add(c as u64));
@@ -239,32 +238,56 @@ fn measure(
             v,
         ));
     }
-    let mut o = DeviceTensor::nan(stream, problem.output_dtype, problem.output_len())?;
-    let mut lse = DeviceTensor::nan(
-        stream,
-        DType::F32,
-        problem.batch.total_qo() * problem.num_qo_heads,
-    )?;
+    let (mut o, mut lse) = poisoned_outputs(engine, &problem)?;
 
     // Correctness first, on the first input set.
     let (q, k, v, qh, kh, vh) = &sets[0];
     plan.run(engine, q, k, v, &mut o, Some(&mut lse))?;
-    engine.synchronize()?;
-    let out = attnforge::AttentionOutput {
-        o: o.download(stream)?,
-        lse: Some(lse.download(stream)?.to_f32_vec()),
-    };
-    let rows = sample_rows(&problem, CHECK_ROWS);
-    let expected = reference::attention_rows(&problem, qh, kh, vh, &rows)?;
-    let cmp = compare_rows(&out, problem.num_qo_heads, &rows, &expected);
-    if !cmp.passes(&Tolerance::for_problem(&problem)) {
-        return Ok(format!("wrong: {cmp}"));
+    if let Some(wrong) = check_sampled(engine, &problem, &o, &lse, (qh, kh, vh))? {
+        return Ok(wrong);
     }
 
     time_runs(engine, shape, args, line, |i| {
         let (q, k, v, ..) = &sets[i % copies];
         plan.run(engine, q, k, v, &mut o, Some(&mut lse))
     })
+}
+
+/// O and the LSE of `problem` on the device, filled with NaN (an unwritten element shows).
+fn poisoned_outputs(
+    engine: &Engine,
+    problem: &AttentionProblem,
+) -> Result<(DeviceTensor, DeviceTensor), Error> {
+    let stream = engine.stream();
+    Ok((
+        DeviceTensor::nan(stream, problem.output_dtype, problem.output_len())?,
+        DeviceTensor::nan(
+            stream,
+            DType::F32,
+            problem.batch.total_qo() * problem.num_qo_heads,
+        )?,
+    ))
+}
+
+/// Waits for the run that wrote `o` and `lse`, then compares sampled rows with the reference on
+/// the ragged inputs; `Some("wrong: ...")` when they differ beyond the tolerance.
+fn check_sampled(
+    engine: &Engine,
+    problem: &AttentionProblem,
+    o: &DeviceTensor,
+    lse: &DeviceTensor,
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+) -> Result<Option<String>, Error> {
+    let stream = engine.stream();
+    engine.synchronize()?;
+    let out = attnforge::AttentionOutput {
+        o: o.download(stream)?,
+        lse: Some(lse.download(stream)?.to_f32_vec()),
+    };
+    let rows = sample_rows(problem, CHECK_ROWS);
+    let expected = reference::attention_rows(problem, q, k, v, &rows)?;
+    let cmp = compare_rows(&out, problem.num_qo_heads, &rows, &expected);
+    Ok((!cmp.passes(&Tolerance::for_problem(problem))).then(|| format!("wrong: {cmp}")))
 }
 
 /// Input copies that make one run's working set at least twice the L2 (at most 16).
@@ -338,7 +361,6 @@ fn measure_paged(
             .map_or(String::new(), |s| format!(", KV chunks of {}", s.chunk))
     ));
     let copies = copies_for(shape);
-    let stream = engine.stream();
     let mut sets = Vec::new();
     let mut first = None;
     for c in 0..copies {
@@ -365,12 +387,7 @@ fn measure_paged(
             first = Some((q, k, v));
         }
     }
-    let mut o = DeviceTensor::nan(stream, problem.output_dtype, problem.output_len())?;
-    let mut lse = DeviceTensor::nan(
-        stream,
-        DType::F32,
-        problem.batch.total_qo() * problem.num_qo_heads,
-    )?;
+    let (mut o, mut lse) = poisoned_outputs(engine, &problem)?;
     let run = |set: &PagedSet, o: &mut DeviceTensor, lse: &mut DeviceTensor| {
         let cache = DevicePagedKv::Separate {
             k: &set.k_cache,
@@ -381,17 +398,9 @@ fn measure_paged(
 
     // Correctness first, on the first input set, against the reference on the ragged K/V.
     run(&sets[0], &mut o, &mut lse)?;
-    engine.synchronize()?;
-    let out = attnforge::AttentionOutput {
-        o: o.download(stream)?,
-        lse: Some(lse.download(stream)?.to_f32_vec()),
-    };
     let (qh, kh, vh) = first.as_ref().expect("at least one input copy");
-    let rows = sample_rows(&problem, CHECK_ROWS);
-    let expected = reference::attention_rows(&problem, qh, kh, vh, &rows)?;
-    let cmp = compare_rows(&out, problem.num_qo_heads, &rows, &expected);
-    if !cmp.passes(&Tolerance::for_problem(&problem)) {
-        return Ok(format!("wrong: {cmp}"));
+    if let Some(wrong) = check_sampled(engine, &problem, &o, &lse, (qh, kh, vh))? {
+        return Ok(wrong);
     }
     time_runs(engine, shape, args, line, |i| {
         run(&sets[i % copies], &mut o, &mut lse)
