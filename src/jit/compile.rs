@@ -18,6 +18,21 @@ use super::report::{self, ResourceReport};
 pub const CXX_STANDARD: &str = "-std=c++17";
 /// Asks ptxas for its per-function resource report (parsed by [`super::report`]).
 pub const PTXAS_VERBOSE: &str = "--ptxas-options=-v";
+/// Turns off NVRTC's own compile cache (CUDA 12.9 and newer, where a machine with a driver keeps
+/// one): a result served from it comes with no ptxas report, so the kernel's resources would be
+/// unknown and its entry reported missing. attnforge's disk cache keeps compiled kernels instead.
+pub const NVRTC_NO_CACHE: &str = "--no-cache";
+
+/// The NVRTC options for `opts` on this NVRTC: [`CompileOptions::to_args`], plus
+/// [`NVRTC_NO_CACHE`] where NVRTC has a cache of its own (12.9 and newer).
+pub fn nvrtc_args(nvrtc: &Nvrtc, opts: &CompileOptions) -> Vec<String> {
+    let mut args = opts.to_args();
+    let v = nvrtc.version();
+    if (v.major, v.minor) >= (12, 9) {
+        args.push(NVRTC_NO_CACHE.to_string());
+    }
+    args
+}
 
 /// A span of the generated source that came from a variant's snippet, so errors inside it can be
 /// reported in the snippet's own line numbers (the generator fills these in).
@@ -158,7 +173,7 @@ pub fn compile(
     let prog_name = program_name(src.name);
     let start = Instant::now();
     let mut program = nvrtc.create_program(src.source, &prog_name, &opts.headers)?;
-    let status = program.compile(&opts.to_args())?;
+    let status = program.compile(&nvrtc_args(nvrtc, opts))?;
     let log = program.log()?;
     if status == CompileStatus::Failed {
         return Err(JitError::Compile {
