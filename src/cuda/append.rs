@@ -8,10 +8,9 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
-use super::paged::cache_strides;
-use super::prefill::check_buffer;
+use super::paged::{cache_strides, DevicePagedKv};
 use crate::codegen::{AppendParams, APPEND_THREADS};
-use crate::paged::{validate_append, KvStorage, PageTable, PagedKvLayout};
+use crate::paged::{validate_append, PageTable, PagedKvLayout};
 use crate::Error;
 use cudarc::driver::{CudaStream, DevicePtr};
 use std::ffi::c_void;
@@ -29,6 +28,16 @@ pub enum DevicePagedKvMut<'a> {
     },
     /// One buffer `[pages, 2, ...]`.
     Combined(&'a mut DeviceTensor),
+}
+
+impl DevicePagedKvMut<'_> {
+    /// The same buffers, read-only.
+    pub fn as_ref(&self) -> DevicePagedKv<'_> {
+        match self {
+            DevicePagedKvMut::Separate { k, v } => DevicePagedKv::Separate { k, v },
+            DevicePagedKvMut::Combined(kv) => DevicePagedKv::Combined(kv),
+        }
+    }
 }
 
 impl Engine {
@@ -61,28 +70,8 @@ impl Engine {
                 supported: "f16, bf16".into(),
             });
         }
-        let (k_cache, v_cache) = match (layout.storage, cache) {
-            (KvStorage::Separate, DevicePagedKvMut::Separate { k, v }) => {
-                check_buffer("k_cache", k, layout.dtype, layout.k_buffer_len())?;
-                check_buffer("v_cache", v, layout.dtype, layout.v_buffer_len())?;
-                (k.device_address(stream), v.device_address(stream))
-            }
-            (KvStorage::Combined, DevicePagedKvMut::Combined(kv)) => {
-                check_buffer("kv_cache", kv, layout.dtype, layout.k_buffer_len())?;
-                let a = kv.device_address(stream);
-                (a, a)
-            }
-            (storage, _) => {
-                return Err(CudaError::Buffer {
-                    name: "kv_cache",
-                    reason: format!(
-                        "the layout stores K and V {}, the buffers passed do not",
-                        storage.name()
-                    ),
-                }
-                .into())
-            }
-        };
+        let (k_buf, v_buf) = cache.as_ref().checked(layout)?;
+        let (k_cache, v_cache) = (k_buf.device_address(stream), v_buf.device_address(stream));
         let total_new = *append_indptr.last().unwrap_or(&0) as usize;
         let (h, dqk, dvo) = (
             layout.num_kv_heads,

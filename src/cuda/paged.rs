@@ -39,6 +39,34 @@ pub enum DevicePagedKv<'a> {
     Combined(&'a DeviceTensor),
 }
 
+impl<'a> DevicePagedKv<'a> {
+    /// The buffers holding K and V (the same one twice when combined), after checking that they
+    /// match `layout`: its storage, its dtype, and room for all its pages.
+    pub(crate) fn checked(
+        self,
+        layout: &PagedKvLayout,
+    ) -> Result<(&'a DeviceTensor, &'a DeviceTensor), CudaError> {
+        match (layout.storage, self) {
+            (KvStorage::Separate, DevicePagedKv::Separate { k, v }) => {
+                check_buffer("k_cache", k, layout.dtype, layout.k_buffer_len())?;
+                check_buffer("v_cache", v, layout.dtype, layout.v_buffer_len())?;
+                Ok((k, v))
+            }
+            (KvStorage::Combined, DevicePagedKv::Combined(kv)) => {
+                check_buffer("kv_cache", kv, layout.dtype, layout.k_buffer_len())?;
+                Ok((kv, kv))
+            }
+            (storage, _) => Err(CudaError::Buffer {
+                name: "kv_cache",
+                reason: format!(
+                    "the layout stores K and V {}, the buffers passed do not",
+                    storage.name()
+                ),
+            }),
+        }
+    }
+}
+
 /// A paged attention problem prepared for one engine.
 pub struct PagedPlan {
     plan: KernelPlan,
@@ -180,27 +208,7 @@ impl PagedPlan {
     ) -> Result<(), Error> {
         let p = &self.plan.problem;
         let l = &self.layout;
-        let (k_buf, v_buf) = match (l.storage, cache) {
-            (KvStorage::Separate, DevicePagedKv::Separate { k, v }) => {
-                check_buffer("k_cache", k, l.dtype, l.k_buffer_len())?;
-                check_buffer("v_cache", v, l.dtype, l.v_buffer_len())?;
-                (k, v)
-            }
-            (KvStorage::Combined, DevicePagedKv::Combined(kv)) => {
-                check_buffer("kv_cache", kv, l.dtype, l.k_buffer_len())?;
-                (kv, kv)
-            }
-            (storage, _) => {
-                return Err(CudaError::Buffer {
-                    name: "kv_cache",
-                    reason: format!(
-                        "the plan's layout stores K and V {}, the buffers passed do not",
-                        storage.name()
-                    ),
-                }
-                .into())
-            }
-        };
+        let (k_buf, v_buf) = cache.checked(l)?;
         let qo = qo_address(p, stream, q, o, lse.as_deref())?;
         let elem = l.dtype.size_bytes() as u64;
         let (k_base, k_page, k_token, k_head) = cache_strides(l, true);
