@@ -6,10 +6,10 @@
 //! problems, a spread sample of large ones), and [`crate::compare`] decides with the case's
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
 
-use crate::compare::{compare, compare_rows, Comparison};
+use crate::compare::{compare, compare_rows, Comparison, Tolerance};
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
-use crate::reference;
+use crate::reference::{self, ReferenceOutput};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun};
 use crate::{AttentionOutput, Error};
@@ -66,6 +66,10 @@ pub struct CaseResult {
     pub passed: bool,
     /// Whether only sampled rows were compared.
     pub sampled: bool,
+    /// Further judgements of the same case, each with its label and verdict: a split-pair case
+    /// ([`PagedRun::OppositeSplit`]) judges its planned run against the reference and the two
+    /// runs against each other.
+    pub also: Vec<(String, Result<Comparison, String>, bool)>,
     /// Time of the backend's run.
     pub backend_time: Duration,
 }
@@ -98,48 +102,93 @@ fn reference_work(p: &AttentionProblem) -> usize {
         * (p.head_dims.qk() + p.head_dims.vo())
 }
 
+/// The comparison of `out` with the reference of `case`: all rows, or a spread sample of a large
+/// problem (`sampled`).
+fn judge(
+    case: &Case,
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+    out: Result<AttentionOutput, Error>,
+    sampled: bool,
+) -> Result<Comparison, String> {
+    let out = out.map_err(|e| e.to_string())?;
+    if sampled {
+        let rows = sample_rows(&case.problem, SAMPLED_ROWS);
+        let expected =
+            reference::attention_rows(&case.problem, q, k, v, &rows).map_err(|e| e.to_string())?;
+        Ok(compare_rows(
+            &out,
+            case.problem.num_qo_heads,
+            &rows,
+            &expected,
+        ))
+    } else {
+        let expected = reference::attention(&case.problem, q, k, v).map_err(|e| e.to_string())?;
+        Ok(compare(&out, &expected))
+    }
+}
+
+/// Output `b` as the expected side of a comparison with output `a`.
+fn as_expected(b: &AttentionOutput) -> ReferenceOutput {
+    let rows = b.lse.as_ref().map_or(0, Vec::len);
+    ReferenceOutput {
+        o: (0..b.o.len()).map(|i| f64::from(b.o.get_f32(i))).collect(),
+        lse: b.lse.as_ref().map_or_else(
+            || vec![0.0; rows],
+            |l| l.iter().map(|&x| f64::from(x)).collect(),
+        ),
+    }
+}
+
+/// How close split and unsplit runs of one plan must be: half the reference tolerance of the
+/// dtype (they differ only in where partial sums are rounded).
+fn split_pair_tolerance(case: &Case) -> Tolerance {
+    let t = case.tolerance();
+    Tolerance {
+        rel_l2: t.rel_l2 / 2.0,
+        lse_abs: t.lse_abs / 2.0,
+    }
+}
+
 /// Runs one case.
 pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
     let (q, k, v) = case.inputs();
     let paged = case.paged_inputs(&k, &v).transpose();
-    let start = Instant::now();
-    let out = match &paged {
+    let run = case.paged.map_or(PagedRun::Direct, |p| p.run);
+    let run_as = |run: PagedRun| match &paged {
         Ok(None) => backend.run(&case.problem, &q, &k, &v),
-        Ok(Some(inputs)) => backend.run_paged(
-            &inputs.paged,
-            &q,
-            inputs.cache(),
-            (&k, &v),
-            case.paged.map_or(PagedRun::Direct, |p| p.run),
-        ),
+        Ok(Some(inputs)) => backend.run_paged(&inputs.paged, &q, inputs.cache(), (&k, &v), run),
         Err(e) => Err(Error::InvalidProblem(e.clone())),
     };
+    let start = Instant::now();
+    let out = run_as(run);
     let backend_time = start.elapsed();
     let sampled = reference_work(&case.problem) > FULL_REFERENCE_LIMIT;
-    let outcome = out.map_err(|e| e.to_string()).and_then(|out| {
-        if sampled {
-            let rows = sample_rows(&case.problem, SAMPLED_ROWS);
-            let expected = reference::attention_rows(&case.problem, &q, &k, &v, &rows)
-                .map_err(|e| e.to_string())?;
-            Ok(compare_rows(
-                &out,
-                case.problem.num_qo_heads,
-                &rows,
-                &expected,
-            ))
-        } else {
-            let expected =
-                reference::attention(&case.problem, &q, &k, &v).map_err(|e| e.to_string())?;
-            Ok(compare(&out, &expected))
-        }
-    });
-    let passed = outcome.as_ref().is_ok_and(|c| c.passes(&case.tolerance()));
+    let tolerance = case.tolerance();
+    let mut also = Vec::new();
+    if run == PagedRun::OppositeSplit {
+        let planned = run_as(PagedRun::Direct);
+        let pair = match (&out, &planned) {
+            (Ok(a), Ok(b)) => Ok(compare(a, &as_expected(b))),
+            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+        };
+        let pair_passed = pair
+            .as_ref()
+            .is_ok_and(|c| c.passes(&split_pair_tolerance(case)));
+        let planned = judge(case, (&q, &k, &v), planned, sampled);
+        let planned_passed = planned.as_ref().is_ok_and(|c| c.passes(&tolerance));
+        also.push(("planned split vs reference".into(), planned, planned_passed));
+        also.push(("opposite split vs planned".into(), pair, pair_passed));
+    }
+    let outcome = judge(case, (&q, &k, &v), out, sampled);
+    let passed =
+        outcome.as_ref().is_ok_and(|c| c.passes(&tolerance)) && also.iter().all(|(_, _, ok)| *ok);
     CaseResult {
         name: case.name.clone(),
         outcome,
         passed,
         sampled,
         backend_time,
+        also,
     }
 }
 

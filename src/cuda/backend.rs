@@ -1,12 +1,14 @@
 //! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite.
 
 use super::engine::Engine;
-use super::paged::PagedRunMode;
+use super::paged::{PagedPlan, PagedRunMode};
+use super::plan::PlanOptions;
+use super::schedule::SplitChoice;
 use crate::codegen::{self, KernelSpec, KvCache};
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::CompileOptions;
 use crate::paged::{PagedAttention, PagedKv};
-use crate::problem::AttentionProblem;
+use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun};
 use crate::verify::Backend;
@@ -24,6 +26,35 @@ impl CudaBackend {
         Ok(CudaBackend {
             engine: Engine::new(ordinal)?,
         })
+    }
+
+    /// The split that the planner would not choose for `p`: none when it splits; else chunks
+    /// of a third of the longest request's keys (rounded up to the KV tile), an error when that
+    /// request fits in one tile and there is nothing to split.
+    fn opposite_split(&self, p: &PagedAttention) -> Result<SplitChoice, Error> {
+        let planned = PagedPlan::new(&self.engine, p)?;
+        if planned.kv_split().is_some() {
+            return Ok(SplitChoice::Unsplit);
+        }
+        let kv_tile = planned.spec().tile.kv_tile as usize;
+        let max_kv = p
+            .problem()
+            .batch
+            .lens()
+            .iter()
+            .map(|l| l.1)
+            .max()
+            .unwrap_or(0);
+        if max_kv <= kv_tile {
+            return Err(InvalidProblem::new(
+                "kv_indptr",
+                format!("the longest request has {max_kv} keys, one KV tile of {kv_tile}: nothing to split"),
+            )
+            .into());
+        }
+        Ok(SplitChoice::ChunkKeys(
+            max_kv.div_ceil(3).div_ceil(kv_tile) * kv_tile,
+        ))
     }
 
     /// The engine.
@@ -122,11 +153,13 @@ impl Backend for CudaBackend {
         (k, v): (&HostTensor, &HostTensor),
         run: PagedRun,
     ) -> Result<AttentionOutput, Error> {
-        let mode = match run {
-            PagedRun::Direct => PagedRunMode::Direct,
-            PagedRun::GraphReplay => PagedRunMode::GraphReplay,
-            PagedRun::DeviceAppend => PagedRunMode::DeviceAppend { k, v },
+        let (mode, split) = match run {
+            PagedRun::Direct => (PagedRunMode::Direct, SplitChoice::Planned),
+            PagedRun::GraphReplay => (PagedRunMode::GraphReplay, SplitChoice::Planned),
+            PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, SplitChoice::Planned),
+            PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
         };
-        self.engine.paged_host(p, q, cache, mode)
+        let options = PlanOptions { tile: None, split };
+        self.engine.paged_host(p, q, cache, mode, options)
     }
 }

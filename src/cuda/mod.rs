@@ -23,7 +23,9 @@ pub use device::{driver_present, DeviceInfo};
 pub use engine::{Engine, LoadedKernel};
 pub use error::CudaError;
 pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
+pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
 pub use schedule::{
-    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, WorkItem, CTAS_PER_SM,
+    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, SplitChoice, WorkItem,
+    CTAS_PER_SM,
 };

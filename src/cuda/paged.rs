@@ -14,10 +14,10 @@ use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
-use super::plan::{upload, KernelPlan, KvAddress, PageAddress};
+use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions};
 use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
-use crate::codegen::{KernelSpec, KvCache, TileConfig};
+use crate::codegen::{KernelSpec, KvCache};
 use crate::paged::{KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
 use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
@@ -100,21 +100,22 @@ pub(crate) fn cache_strides(layout: &PagedKvLayout, is_k: bool) -> (usize, i64, 
 impl PagedPlan {
     /// Plans `paged` on `engine`: kernel choice, compilation, KV split, uploads.
     pub fn new(engine: &Engine, paged: &PagedAttention) -> Result<PagedPlan, Error> {
-        PagedPlan::with_tile(engine, paged, None)
+        PagedPlan::with_options(engine, paged, PlanOptions::default())
     }
 
-    /// [`new`](Self::new) with the planner's tile replaced by `tile` (tuning).
-    pub fn with_tile(
+    /// [`new`](Self::new) with the planner's choices (tile, KV split) replaced where `options`
+    /// say.
+    pub fn with_options(
         engine: &Engine,
         paged: &PagedAttention,
-        tile: Option<TileConfig>,
+        options: PlanOptions,
     ) -> Result<PagedPlan, Error> {
         let problem = paged.problem();
         // K and V are read through the cache layout, whose rows are whole 16-byte chunks.
         check_view_alignment("q", &problem.q_view)?;
         let table = paged.table().clone();
         Ok(PagedPlan {
-            plan: KernelPlan::new(engine, problem, KvCache::Paged, tile)?,
+            plan: KernelPlan::new(engine, problem, KvCache::Paged, options)?,
             layout: *paged.layout(),
             page_indptr: upload(engine, &table.kv_page_indptr, "kv_page_indptr")?,
             page_indices: upload(engine, &table.kv_page_indices, "kv_page_indices")?,
@@ -253,18 +254,20 @@ pub enum PagedRunMode<'a> {
 }
 
 impl Engine {
-    /// Plans and runs a paged problem on host tensors: uploads, poisons the outputs with NaN,
-    /// launches (directly or through a replayed CUDA graph), synchronises and downloads.
+    /// Plans (as `options` say) and runs a paged problem on host tensors: uploads, poisons the
+    /// outputs with NaN, launches (directly or through a replayed CUDA graph), synchronises and
+    /// downloads.
     pub fn paged_host(
         &self,
         paged: &PagedAttention,
         q: &HostTensor,
         cache: PagedKv<'_>,
         mode: PagedRunMode<'_>,
+        options: PlanOptions,
     ) -> Result<AttentionOutput, Error> {
         paged.validate_q(q)?;
         paged.layout().validate_buffers(cache)?;
-        let mut plan = PagedPlan::new(self, paged)?;
+        let mut plan = PagedPlan::with_options(self, paged, options)?;
         let stream = self.stream();
         let name = plan.spec().name();
         let host_buffers: Vec<&HostTensor> = match cache {

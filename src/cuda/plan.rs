@@ -7,7 +7,9 @@
 
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
-use super::schedule::{choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit};
+use super::schedule::{
+    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, SplitChoice,
+};
 use crate::codegen::{
     self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
     MERGE_THREADS,
@@ -78,6 +80,15 @@ pub(crate) fn upload<T: DeviceRepr + Default + Copy>(
         .during(format!("uploading {what}"))?)
 }
 
+/// What a caller may set when planning; the defaults are the planner's choices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Replaces the planner's tile (tuning: the compile matrix covers only the planner's tiles).
+    pub tile: Option<TileConfig>,
+    /// How the KV range is cut ([`SplitChoice::Planned`] by default).
+    pub split: SplitChoice,
+}
+
 /// A problem prepared for one engine: kernel, work list, split, uploads.
 pub(crate) struct KernelPlan {
     pub problem: AttentionProblem,
@@ -96,16 +107,15 @@ pub(crate) struct KernelPlan {
 }
 
 impl KernelPlan {
-    /// Plans `problem` (already validated by the caller) with K/V from `kv`; `tile` replaces
-    /// the planner's tile (tuning).
+    /// Plans `problem` (already validated by the caller) with K/V from `kv`, as `options` say.
     pub fn new(
         engine: &Engine,
         problem: &AttentionProblem,
         kv: KvCache,
-        tile: Option<TileConfig>,
+        options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
         let mut spec = KernelSpec::for_problem(problem, kv)?;
-        if let Some(t) = tile {
+        if let Some(t) = options.tile {
             spec.tile = t;
         }
         let rendered = codegen::render(&spec);
@@ -114,12 +124,14 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let sm_count = engine.info().sm_count as usize;
-        let split = if spec.tile.split_keys {
+        let planned = if spec.tile.split_keys {
             let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
             choose_kv_split_balanced(problem, cta_q, kv_tile, slots)
         } else {
             choose_kv_split(problem, cta_q, kv_tile, sm_count)
         };
+        let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
+        let split = options.split.resolve(planned, max_kv, kv_tile)?;
         let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref())
             .into_iter()
             .flatten()

@@ -10,9 +10,9 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
-use super::plan::{KernelPlan, KvAddress, QoAddress, ROW_ALIGNMENT};
+use super::plan::{KernelPlan, KvAddress, PlanOptions, QoAddress, ROW_ALIGNMENT};
 use super::schedule::KvSplit;
-use crate::codegen::{KernelSpec, KvCache, TileConfig};
+use crate::codegen::{KernelSpec, KvCache};
 use crate::dtype::DType;
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
@@ -116,15 +116,15 @@ pub(crate) fn qo_address(
 impl PrefillPlan {
     /// Plans `problem` on `engine`: validation, kernel choice, compilation, uploads.
     pub fn new(engine: &Engine, problem: &AttentionProblem) -> Result<PrefillPlan, Error> {
-        PrefillPlan::with_tile(engine, problem, None)
+        PrefillPlan::with_options(engine, problem, PlanOptions::default())
     }
 
-    /// [`new`](Self::new) with the planner's tile replaced by `tile` (for tuning: the compile
-    /// matrix covers only the planner's choices).
-    pub fn with_tile(
+    /// [`new`](Self::new) with the planner's choices (tile, KV split) replaced where `options`
+    /// say.
+    pub fn with_options(
         engine: &Engine,
         problem: &AttentionProblem,
-        tile: Option<TileConfig>,
+        options: PlanOptions,
     ) -> Result<PrefillPlan, Error> {
         problem.validate()?;
         for (name, view) in [
@@ -135,7 +135,7 @@ impl PrefillPlan {
             check_view_alignment(name, view)?;
         }
         Ok(PrefillPlan {
-            plan: KernelPlan::new(engine, problem, KvCache::Ragged, tile)?,
+            plan: KernelPlan::new(engine, problem, KvCache::Ragged, options)?,
         })
     }
 

@@ -36,6 +36,51 @@ impl KvSplit {
     }
 }
 
+/// How a plan cuts the KV range: as the planner decides, not at all, or in chunks of a given
+/// number of keys. The last two are for checking that split and unsplit plans agree, and for
+/// tuning; a server leaves it at [`SplitChoice::Planned`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitChoice {
+    /// The planner's choice (no split when the grid already fills the GPU).
+    #[default]
+    Planned,
+    /// Never split: one CTA covers each work item's whole KV range.
+    Unsplit,
+    /// Chunks of this many keys, a positive multiple of the kernel's KV tile.
+    ChunkKeys(usize),
+}
+
+impl SplitChoice {
+    /// The split of a problem whose longest request has `max_kv` keys under this choice, given
+    /// the planner's own choice `planned` and the kernel's KV tile; an error names a chunk that
+    /// is not a positive multiple of the tile.
+    pub fn resolve(
+        self,
+        planned: Option<KvSplit>,
+        max_kv: usize,
+        kv_tile: usize,
+    ) -> Result<Option<KvSplit>, crate::problem::InvalidProblem> {
+        match self {
+            SplitChoice::Planned => Ok(planned),
+            SplitChoice::Unsplit => Ok(None),
+            SplitChoice::ChunkKeys(chunk) => {
+                if chunk == 0 || chunk % kv_tile != 0 {
+                    return Err(crate::problem::InvalidProblem::new(
+                        "split",
+                        format!(
+                            "chunks of {chunk} keys: must be a positive multiple of the kernel's KV tile ({kv_tile} keys)"
+                        ),
+                    ));
+                }
+                Ok(Some(KvSplit {
+                    chunk,
+                    max_chunks: max_kv.div_ceil(chunk).max(1),
+                }))
+            }
+        }
+    }
+}
+
 /// Key range `[lo, hi)` the tokens `[tok_lo, tok_hi]` of a request can see under the mask.
 fn visible_range(
     mask: &Mask,
@@ -223,6 +268,31 @@ mod tests {
     use super::*;
     use crate::problem::{HeadDims, RaggedBatch};
     use crate::DType;
+
+    #[test]
+    fn split_choice_overrides_the_planner_and_checks_the_chunk() {
+        let planned = Some(KvSplit {
+            chunk: 512,
+            max_chunks: 8,
+        });
+        assert_eq!(SplitChoice::Planned.resolve(planned, 4096, 64), Ok(planned));
+        assert_eq!(SplitChoice::Unsplit.resolve(planned, 4096, 64), Ok(None));
+        assert_eq!(
+            SplitChoice::ChunkKeys(192).resolve(None, 4096, 64),
+            Ok(Some(KvSplit {
+                chunk: 192,
+                max_chunks: 22
+            }))
+        );
+        for bad in [0, 100] {
+            let err = SplitChoice::ChunkKeys(bad)
+                .resolve(None, 4096, 64)
+                .unwrap_err();
+            assert!(err
+                .to_string()
+                .contains("multiple of the kernel's KV tile (64 keys)"));
+        }
+    }
 
     fn problem(lens: &[(usize, usize)], hq: usize, hkv: usize, mask: Mask) -> AttentionProblem {
         AttentionProblem::new(

@@ -52,6 +52,11 @@ pub enum PagedRun {
     /// Fill an all-NaN cache on the device with the append kernel from the ragged K/V, then run
     /// (GPU only).
     DeviceAppend,
+    /// Run with the split the planner would not choose (unsplit when it splits, split when it
+    /// does not). The verify suite runs such a case twice, directly too, and judges both runs
+    /// against the reference and against each other: split and unsplit plans must agree
+    /// within rounding (GPU only).
+    OppositeSplit,
 }
 
 /// Pages of the cache beyond those the batch uses (left NaN).
@@ -72,6 +77,7 @@ impl PagedCase {
                 PagedRun::Direct => "",
                 PagedRun::GraphReplay => "-graph",
                 PagedRun::DeviceAppend => "-append",
+                PagedRun::OppositeSplit => "-splitpair",
             }
         )
     }
@@ -370,6 +376,51 @@ pub fn paged_cases(
             },
             "paged-prefill",
         ));
+    }
+    if caps.device_runs {
+        // Split pairs: each runs with the planner's split and with the opposite one. A 32k
+        // decode that the planner splits (with sinks, which join once after the merge), 256
+        // short decodes that it does not (forced into chunks), and the chunked prefill.
+        let pairs = [
+            (
+                vec![(1, 32768)],
+                MaskSpec::None,
+                VariantSpec::Sinks,
+                (8, 2),
+                "decode",
+            ),
+            (
+                vec![(1, 512); 256],
+                MaskSpec::None,
+                VariantSpec::SoftCap(30.0),
+                (8, 2),
+                "decode",
+            ),
+            (
+                prefill.clone(),
+                MaskSpec::Causal,
+                VariantSpec::Alibi,
+                (32, 8),
+                "paged-prefill",
+            ),
+        ];
+        for (n, (lens, mask, variant, heads, tag)) in pairs.into_iter().enumerate() {
+            out.push((
+                Point {
+                    config: configs[n % configs.len()],
+                    head_dims: dims[1 % dims.len()],
+                    mask,
+                    variant,
+                    heads,
+                    lens,
+                },
+                PagedCase {
+                    page_size: 16,
+                    ..layout_at(n, PagedRun::OppositeSplit)
+                },
+                tag,
+            ));
+        }
     }
     // A combined buffer needs equal K and V head dims.
     for (point, layout, _) in &mut out {

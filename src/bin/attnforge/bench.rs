@@ -9,7 +9,9 @@
 
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
-use attnforge::cuda::{DevicePagedKv, DeviceTensor, Engine, PagedPlan, PrefillPlan};
+use attnforge::cuda::{
+    DevicePagedKv, DeviceTensor, Engine, PagedPlan, PlanOptions, PrefillPlan, SplitChoice,
+};
 use attnforge::paged::{append_paged_kv, PagedKvMut};
 use attnforge::shapes::{self, ResolvedShape};
 use attnforge::tensor::HostTensor;
@@ -75,6 +77,10 @@ pub struct BenchArgs {
     /// Replace the planner's tile (e.g. `w4q2kv64`): for tuning.
     #[arg(long, value_parser = parse_tile)]
     tile: Option<TileConfig>,
+    /// Replace the planner's KV split: `none`, or chunks of N keys (a multiple of the KV tile):
+    /// for tuning.
+    #[arg(long, value_parser = parse_split, default_value = "planned")]
+    split: SplitChoice,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -223,7 +229,7 @@ fn measure(
     line: &mut ResultLine,
 ) -> Result<String, Error> {
     let problem: AttentionProblem = shape.shape.problem()?;
-    let plan = PrefillPlan::with_tile(engine, &problem, args.tile)?;
+    let plan = PrefillPlan::with_options(engine, &problem, args.plan_options())?;
     line.kernel = Some(plan.spec().name());
     let copies = copies_for(shape);
     let mut sets = Vec::new();
@@ -352,7 +358,7 @@ fn measure_paged(
     let paged = shape.shape.paged_problem()?;
     let problem = paged.problem().clone();
     let layout = *paged.layout();
-    let plan = PagedPlan::with_tile(engine, &paged, args.tile)?;
+    let plan = PagedPlan::with_options(engine, &paged, args.plan_options())?;
     line.kernel = Some(format!(
         "{} ({} CTAs{})",
         plan.spec().name(),
@@ -405,6 +411,26 @@ fn measure_paged(
     time_runs(engine, shape, args, line, |i| {
         run(&sets[i % copies], &mut o, &mut lse)
     })
+}
+
+impl BenchArgs {
+    fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            tile: self.tile,
+            split: self.split,
+        }
+    }
+}
+
+fn parse_split(s: &str) -> Result<SplitChoice, String> {
+    match s {
+        "planned" => Ok(SplitChoice::Planned),
+        "none" => Ok(SplitChoice::Unsplit),
+        n => n
+            .parse::<usize>()
+            .map(SplitChoice::ChunkKeys)
+            .map_err(|_| format!("{s:?} is not `planned`, `none` or a number of keys per chunk")),
+    }
 }
 
 fn parse_tile(s: &str) -> Result<TileConfig, String> {

@@ -53,6 +53,13 @@ fn report(result: &CaseResult, seed: u64, verbose: bool) {
         "{verdict} {} (seed {seed}, {ms:.0} ms{sampled}): {detail}",
         result.name
     );
+    for (label, outcome, passed) in &result.also {
+        let verdict = if *passed { "ok  " } else { "FAIL" };
+        match outcome {
+            Ok(c) => println!("     {verdict} {label}: {c}"),
+            Err(e) => println!("     {verdict} {label}: error: {e}"),
+        }
+    }
 }
 
 /// Runs the suite; see the module doc.
