@@ -1,9 +1,20 @@
 //! Prints the rendered CUDA source of one kernel of the compile matrix, the first whose name
 //! contains FILTER, optionally with its tile replaced (for reading resource use while tuning).
+//! The kernels without specialisation are printed when FILTER names their entry exactly
+//! (`attnforge_append_paged_kv`, `attnforge_merge_states`).
 //! Usage: `cargo run --example render_kernel -- FILTER [TILE]`
 fn main() {
     let mut args = std::env::args().skip(1);
     let filter = args.next().unwrap_or_default();
+    for fixed in [
+        attnforge::codegen::render_append(),
+        attnforge::codegen::render_merge_states(),
+    ] {
+        if fixed.entry == filter {
+            print!("{}", fixed.source);
+            return;
+        }
+    }
     let tile = args
         .next()
         .map(|t| attnforge::codegen::TileConfig::parse(&t).expect("a tile like w4q2kv64"));

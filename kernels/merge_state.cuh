@@ -6,7 +6,8 @@
 // `merge_state` in the reference does: lse = log(sum_c exp(lse_c)), o = sum_c exp(lse_c - lse) o_c;
 // a row whose chunks all saw no key gets o = 0 and lse = -inf. The sink, if any, joins the
 // denominator once, here: lse' = log(exp(lse) + exp(sink)), o' = o * exp(lse - lse').
-// Requires: common.cuh, the spec constants, the rendered variant (sink_logit) and PrefillParams.
+// Requires: common.cuh, merge_math.cuh, the spec constants, the rendered variant (sink_logit)
+// and PrefillParams.
 
 namespace merge {
 
@@ -31,11 +32,7 @@ __device__ __forceinline__ void run(const PrefillParams& p) {
 
   // The chunks' LSEs, 32 at a time across the lanes (one load each, all in flight): the max,
   // then each chunk's weight exp(lse_c - max) and their sum.
-  float mx = neg_inf();
-  for (int c0 = 0; c0 < chunks; c0 += 32) {
-    const float l = c0 + lane < chunks ? p.partial_lse[slot0 + c0 + lane] : neg_inf();
-    mx = fmaxf(mx, warp_max(l));
-  }
+  const float mx = merge_math::max_lse(chunks, lane, [&](int c) { return p.partial_lse[slot0 + c]; });
   float sum = 0.0f;
   float acc[ELEMS];
 #pragma unroll
@@ -43,7 +40,7 @@ __device__ __forceinline__ void run(const PrefillParams& p) {
   if (mx != neg_inf()) {
     for (int c0 = 0; c0 < chunks; c0 += 32) {
       const int n = min(32, chunks - c0);
-      const float w_lane = lane < n ? exp2_approx((p.partial_lse[slot0 + c0 + lane] - mx) * LOG2E) : 0.0f;
+      const float w_lane = lane < n ? merge_math::weight(p.partial_lse[slot0 + c0 + lane], mx) : 0.0f;
       sum += warp_sum(w_lane);
       // Each chunk's slice of o, UNROLL chunks per step so that many loads are in flight (a
       // request split into dozens of chunks would otherwise wait for one load per chunk).
@@ -72,7 +69,7 @@ __device__ __forceinline__ void run(const PrefillParams& p) {
     }
   }
   // Natural-log LSE over the keys; the sink (if any) joins the denominator once.
-  float lse = sum > 0.0f ? mx + log2_approx(sum) * LN2 : neg_inf();
+  float lse = merge_math::merged_lse(mx, sum);
   float scale = sum > 0.0f ? 1.0f / sum : 0.0f;
   if constexpr (VARIANT_HAS_SINK) {
     const float sink = sink_logit(p.variant, head);

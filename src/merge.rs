@@ -163,6 +163,74 @@ pub fn merge_states<T: MergeFloat>(
     Ok((o, lse))
 }
 
+/// The shape of the states a merge combines: `rows` tokens x `heads` heads, each row of `o`
+/// `head_dim` elements long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MergeShape {
+    /// Tokens.
+    pub rows: usize,
+    /// Heads per token.
+    pub heads: usize,
+    /// Elements of `o` per (token, head).
+    pub head_dim: usize,
+}
+
+impl MergeShape {
+    /// LSEs per state (`rows * heads`).
+    pub fn lse_len(&self) -> usize {
+        self.rows * self.heads
+    }
+
+    /// Elements of `o` per state (`rows * heads * head_dim`).
+    pub fn o_len(&self) -> usize {
+        self.lse_len() * self.head_dim
+    }
+}
+
+/// Merges any number of states of one shape: each is `(o [rows, heads, head_dim], lse [rows,
+/// heads])`, contiguous. Returns the merged `(o, lse)`. At least one state; the result does not
+/// depend on their order beyond rounding.
+pub fn merge_many<T: MergeFloat>(
+    shape: MergeShape,
+    states: &[(&[T], &[T])],
+) -> Result<(Vec<T>, Vec<T>), InvalidProblem> {
+    let Some(((o0, lse0), rest)) = states.split_first() else {
+        return Err(InvalidProblem::new(
+            "states",
+            "none given; a merge needs at least one",
+        ));
+    };
+    for (c, (o, lse)) in states.iter().enumerate() {
+        check_len(
+            &format!("o of state {c}"),
+            o.len(),
+            shape.o_len(),
+            "rows x heads x head_dim",
+        )?;
+        check_len(
+            &format!("lse of state {c}"),
+            lse.len(),
+            shape.lse_len(),
+            "rows x heads",
+        )?;
+    }
+    let mut acc = (o0.to_vec(), lse0.to_vec());
+    for (o, lse) in rest {
+        acc = merge_states(&acc.0, &acc.1, o, lse, shape.head_dim)?;
+    }
+    if rest.is_empty() {
+        // One state merges into itself, except that a row that saw no key is (0, -inf).
+        for (r, &l) in acc.1.iter().enumerate() {
+            check_lse(&format!("lse of state 0 [{r}]"), l)?;
+            if l == T::NEG_INFINITY {
+                let span = r * shape.head_dim..(r + 1) * shape.head_dim;
+                acc.0[span].iter_mut().for_each(|x| *x = T::ZERO);
+            }
+        }
+    }
+    Ok(acc)
+}
+
 /// Applies a sink logit to a merged row in place and returns the new LSE:
 /// `lse' = ln(exp(lse) + exp(sink))`, `o' = o * exp(lse - lse')`. An empty row (`lse = -inf`)
 /// gets `lse' = sink` and keeps `o = 0`.

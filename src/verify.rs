@@ -7,11 +7,12 @@
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
 
 use crate::compare::{compare, compare_rows, Comparison, Tolerance};
+use crate::merge::{merge_many, MergeShape};
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::reference::{self, ReferenceOutput};
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, Case, PagedRun};
+use crate::testing::{BackendCaps, Case, MergeCase, PagedRun};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,13 @@ pub trait Backend {
         tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
     ) -> Result<AttentionOutput, Error>;
+    /// Merges partial states of one `shape` (each `o [rows, heads, head_dim]` in one dtype with
+    /// its f32 `lse [rows, heads]`) into one; returns the merged `(o, lse)`.
+    fn merge_states(
+        &self,
+        shape: MergeShape,
+        states: &[(HostTensor, Vec<f32>)],
+    ) -> Result<(HostTensor, Vec<f32>), Error>;
 }
 
 /// The verdict on one case.
@@ -189,6 +197,44 @@ pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
         sampled,
         backend_time,
         also,
+    }
+}
+
+/// Runs one merge case: the backend's merge against [`merge_many`] in f64 on the same stored
+/// values, with the tolerance of the case's dtype.
+pub fn run_merge_case(backend: &dyn Backend, case: &MergeCase) -> CaseResult {
+    let states = case.inputs();
+    let start = Instant::now();
+    let out = backend.merge_states(case.shape, &states);
+    let backend_time = start.elapsed();
+    let wide: Vec<(Vec<f64>, Vec<f64>)> = states
+        .iter()
+        .map(|(o, lse)| {
+            (
+                o.to_f32_vec().into_iter().map(f64::from).collect(),
+                lse.iter().map(|&x| f64::from(x)).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(&[f64], &[f64])> = wide.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+    let outcome = out.map_err(|e| e.to_string()).and_then(|(o, lse)| {
+        let (ref_o, ref_lse) = merge_many(case.shape, &views).map_err(|e| e.to_string())?;
+        let expected = ReferenceOutput {
+            o: ref_o,
+            lse: ref_lse,
+        };
+        Ok(compare(&AttentionOutput { o, lse: Some(lse) }, &expected))
+    });
+    let passed = outcome
+        .as_ref()
+        .is_ok_and(|c| c.passes(&Tolerance::for_dtype(case.dtype)));
+    CaseResult {
+        name: case.name.clone(),
+        outcome,
+        passed,
+        sampled: false,
+        backend_time,
+        also: Vec::new(),
     }
 }
 

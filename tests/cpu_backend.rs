@@ -351,3 +351,46 @@ fn long_sequences_across_many_key_tiles() {
         check(&p, &inputs, Isa::detect()).unwrap_or_else(|why| panic!("{:?}: {why}", p.mask));
     }
 }
+
+#[test]
+fn the_merge_cases_pass_on_the_cpu_and_a_leaking_empty_state_would_fail() {
+    use attnforge::cpu::CpuBackend;
+    use attnforge::testing::merge_cases;
+    use attnforge::verify::run_merge_case;
+    let backend = CpuBackend::detect();
+    let all = merge_cases(Suite::Full, 5);
+    assert!(all.len() >= 20, "only {} merge cases", all.len());
+    for case in &all {
+        let r = run_merge_case(&backend, case);
+        assert!(r.passed, "{}: {:?}", r.name, r.outcome);
+    }
+    // The judge sees a merge that lets an empty state's o through.
+    let case = &all[0];
+    let states = case.inputs();
+    let (mut o, lse) = attnforge::verify::Backend::merge_states(&backend, case.shape, &states)
+        .expect("the cpu merges");
+    let empty_item = 3; // every seventh item from 3 is empty in every state
+    let leaked = o.get_f32(empty_item * case.shape.head_dim) + 1000.0;
+    let mut values = o.to_f32_vec();
+    values[empty_item * case.shape.head_dim] = leaked;
+    o = attnforge::HostTensor::from_f32(o.dtype(), &values);
+    let wide: Vec<(Vec<f64>, Vec<f64>)> = states
+        .iter()
+        .map(|(o, l)| {
+            (
+                o.to_f32_vec().into_iter().map(f64::from).collect(),
+                l.iter().map(|&x| f64::from(x)).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(&[f64], &[f64])> = wide.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+    let (ref_o, ref_lse) = attnforge::merge::merge_many(case.shape, &views).unwrap();
+    let c = attnforge::compare::compare(
+        &attnforge::AttentionOutput { o, lse: Some(lse) },
+        &attnforge::reference::ReferenceOutput {
+            o: ref_o,
+            lse: ref_lse,
+        },
+    );
+    assert_eq!(c.empty_row_violations, 1, "{c}");
+}

@@ -146,3 +146,35 @@ fn bad_arguments_are_named() {
     let err = apply_sink(&mut [1.0f64], 0.0, f64::NEG_INFINITY).unwrap_err();
     assert_eq!(err.field, "sink");
 }
+
+#[test]
+fn merge_many_folds_any_number_of_states_and_empties_rows_that_saw_no_key() {
+    use attnforge::merge::{merge_many, MergeShape};
+    let shape = MergeShape {
+        rows: 2,
+        heads: 1,
+        head_dim: 2,
+    };
+    let ninf = f64::NEG_INFINITY;
+    // Row 0: three states with equal LSE average their o; row 1: every state empty.
+    let s0 = (vec![1.0, 2.0, 9.0, 9.0], vec![0.5, ninf]);
+    let s1 = (vec![3.0, 4.0, 9.0, 9.0], vec![0.5, ninf]);
+    let s2 = (vec![5.0, 6.0, 9.0, 9.0], vec![0.5, ninf]);
+    let states = [
+        (&s0.0[..], &s0.1[..]),
+        (&s1.0[..], &s1.1[..]),
+        (&s2.0[..], &s2.1[..]),
+    ];
+    let (o, lse) = merge_many(shape, &states).unwrap();
+    assert!((o[0] - 3.0).abs() < 1e-12 && (o[1] - 4.0).abs() < 1e-12);
+    assert!((lse[0] - (0.5 + 3f64.ln())).abs() < 1e-12);
+    assert_eq!((&o[2..], lse[1]), (&[0.0, 0.0][..], ninf));
+    // One state is itself, but an empty row still becomes (0, -inf).
+    let (o, lse) = merge_many(shape, &states[..1]).unwrap();
+    assert_eq!((o, lse), (vec![1.0, 2.0, 0.0, 0.0], vec![0.5, ninf]));
+    // No state, or a state of the wrong length, is an error naming it.
+    assert!(merge_many::<f64>(shape, &[]).is_err());
+    let short = [(&s0.0[..3], &s0.1[..])];
+    let err = merge_many(shape, &short).unwrap_err().to_string();
+    assert!(err.contains("o of state 0"), "{err}");
+}

@@ -5,15 +5,18 @@
 //! struct, the entry point). [`compile_matrix`] lists every kernel the engine can emit, which
 //! `attnforge compile` and CI compile for each target architecture.
 
-mod append;
+mod fixed;
 mod params;
 mod render;
 mod spec;
 mod tile;
 mod variant;
 
-pub use append::{render_append, RenderedAppend, APPEND_THREADS};
-pub use params::{AppendParams, ParamBlockLayout, PrefillParams, VariantLayout};
+pub use fixed::{
+    render_append, render_merge_states, RenderedFixed, APPEND_THREADS, MERGE_STATES_ITEMS_PER_CTA,
+    MERGE_STATES_THREADS,
+};
+pub use params::{AppendParams, MergeParams, ParamBlockLayout, PrefillParams, VariantLayout};
 pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
 pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;

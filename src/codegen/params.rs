@@ -194,6 +194,56 @@ kernel_params! {
     }
 }
 
+kernel_params! {
+    /// Parameters of the public merge kernel (`merge_states.cuh`). Pointers are device
+    /// addresses; strides are in elements. State 0 of (row, head) is read at `v0`/`s0`, state
+    /// `c >= 1` at `v1`/`s1` plus `c - 1` state strides.
+    MergeParams {
+        /// o of state 0.
+        v0: u64 => "const void*",
+        /// o of state 1 (the states after it follow at `v_stride_state`).
+        v1: u64 => "const void*",
+        /// LSE of state 0 (f32).
+        s0: u64 => "const float*",
+        /// LSE of state 1.
+        s1: u64 => "const float*",
+        /// The merged o.
+        v_out: u64 => "void*",
+        /// The merged LSE (f32).
+        s_out: u64 => "float*",
+        /// Elements between rows of a state's o.
+        v_stride_row: i64 => "long long",
+        /// Elements between states of o (from state 1 on).
+        v_stride_state: i64 => "long long",
+        /// Elements between heads of o.
+        v_stride_head: i64 => "long long",
+        /// Elements between rows of a state's LSE.
+        s_stride_row: i64 => "long long",
+        /// Elements between states of the LSE (from state 1 on).
+        s_stride_state: i64 => "long long",
+        /// Elements between heads of the LSE.
+        s_stride_head: i64 => "long long",
+        /// Elements between rows of the merged o.
+        out_stride_row: i64 => "long long",
+        /// Elements between heads of the merged o.
+        out_stride_head: i64 => "long long",
+        /// Elements between rows of the merged LSE (heads are contiguous).
+        s_out_stride_row: i64 => "long long",
+        /// Rows (tokens).
+        rows: i32 => "int",
+        /// Heads per row.
+        heads: i32 => "int",
+        /// States per (row, head), at least 1.
+        num_states: i32 => "int",
+        /// Elements of o per (row, head), even.
+        head_dim: i32 => "int",
+        /// Element type of o: 0 f16, 1 bf16, 2 f32.
+        dtype: i32 => "int",
+        /// Keeps the struct a multiple of 8 bytes without implicit padding.
+        reserved: i32 => "int",
+    }
+}
+
 /// Byte layout of a variant's parameter struct.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VariantLayout {

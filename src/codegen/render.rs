@@ -25,6 +25,10 @@ const ONLINE_SOFTMAX: (&str, &str) = (
 );
 const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
 const PREFILL: (&str, &str) = ("prefill.cuh", include_str!("../../kernels/prefill.cuh"));
+const MERGE_MATH: (&str, &str) = (
+    "merge_math.cuh",
+    include_str!("../../kernels/merge_math.cuh"),
+);
 const MERGE_STATE: (&str, &str) = (
     "merge_state.cuh",
     include_str!("../../kernels/merge_state.cuh"),
@@ -135,6 +139,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, ONLINE_SOFTMAX);
     template(&mut out, VARIANT);
     template(&mut out, PREFILL);
+    template(&mut out, MERGE_MATH);
     template(&mut out, MERGE_STATE);
     let merge_entry = format!("{name}_merge");
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));

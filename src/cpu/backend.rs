@@ -1,6 +1,8 @@
 //! The fast CPU backend as a [`Backend`](crate::verify::Backend) of the CLI and the verify suite.
 
 use super::{attention_with_isa, Isa, BACKEND};
+use crate::dtype::DType;
+use crate::merge::{merge_many, MergeShape};
 use crate::paged::{gather, PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
@@ -66,5 +68,21 @@ impl Backend for CpuBackend {
         p.validate_q(q)?;
         let (k, v) = gather(p.layout(), p.table(), cache)?;
         attention_with_isa(p.problem(), q, &k, &v, self.isa)
+    }
+
+    fn merge_states(
+        &self,
+        shape: MergeShape,
+        states: &[(HostTensor, Vec<f32>)],
+    ) -> Result<(HostTensor, Vec<f32>), Error> {
+        let dtype = states.first().map_or(DType::F32, |(o, _)| o.dtype());
+        let wide: Vec<Vec<f32>> = states.iter().map(|(o, _)| o.to_f32_vec()).collect();
+        let views: Vec<(&[f32], &[f32])> = wide
+            .iter()
+            .zip(states)
+            .map(|(o, (_, lse))| (&o[..], &lse[..]))
+            .collect();
+        let (o, lse) = merge_many(shape, &views)?;
+        Ok((HostTensor::from_f32(dtype, &o), lse))
     }
 }

@@ -9,7 +9,7 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
 use super::paged::{cache_strides, DevicePagedKv};
-use crate::codegen::{AppendParams, APPEND_THREADS};
+use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
 use crate::Error;
 use cudarc::driver::{CudaStream, DevicePtr};
@@ -82,7 +82,7 @@ impl Engine {
         if threads_needed == 0 {
             return Ok(());
         }
-        let kernel = self.append_kernel()?;
+        let kernel = self.fixed_kernel(codegen::render_append)?;
         let kv_len: Vec<i32> = table
             .kv_lens(layout.page_size)
             .iter()

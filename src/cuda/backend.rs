@@ -1,12 +1,15 @@
 //! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite.
 
+use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::PlanOptions;
 use super::schedule::SplitChoice;
 use crate::codegen::{self, KernelSpec, KvCache};
+use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::CompileOptions;
+use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
@@ -162,4 +165,63 @@ impl Backend for CudaBackend {
         let options = PlanOptions { tile: None, split };
         self.engine.paged_host(p, q, cache, mode, options)
     }
+
+    /// Two states go through [`Engine::merge_state`] (separate tensors), any other number
+    /// through [`Engine::merge_states`] (stored together, `[rows, n, heads, head_dim]`); the
+    /// outputs are NaN before the launch.
+    fn merge_states(
+        &self,
+        shape: MergeShape,
+        states: &[(HostTensor, Vec<f32>)],
+    ) -> Result<(HostTensor, Vec<f32>), Error> {
+        let engine = &self.engine;
+        let stream = engine.stream();
+        let dtype = states.first().map_or(DType::F32, |(o, _)| o.dtype());
+        let mut o = DeviceTensor::nan(stream, dtype, shape.o_len())?;
+        let mut lse = DeviceTensor::nan(stream, DType::F32, shape.lse_len())?;
+        let lse_tensor = |l: &[f32]| HostTensor::from_f32(DType::F32, l);
+        if let [(o_a, lse_a), (o_b, lse_b)] = states {
+            let a = (engine.upload(o_a)?, engine.upload(&lse_tensor(lse_a))?);
+            let b = (engine.upload(o_b)?, engine.upload(&lse_tensor(lse_b))?);
+            engine.merge_state(
+                stream,
+                shape,
+                (&a.0, &a.1),
+                (&b.0, &b.1),
+                (&mut o, &mut lse),
+            )?;
+        } else {
+            let (o_all, lse_all) = interleave(shape, states);
+            let all = (engine.upload(&o_all)?, engine.upload(&lse_all)?);
+            engine.merge_states(
+                stream,
+                shape,
+                states.len(),
+                (&all.0, &all.1),
+                (&mut o, &mut lse),
+            )?;
+        }
+        engine.synchronize()?;
+        let lse = lse.download(stream)?.to_f32_vec();
+        Ok((o.download(stream)?, lse))
+    }
+}
+
+/// States given one by one (`[rows, heads, head_dim]` each) stored together:
+/// `o [rows, n, heads, head_dim]`, `lse [rows, n, heads]`.
+fn interleave(shape: MergeShape, states: &[(HostTensor, Vec<f32>)]) -> (HostTensor, HostTensor) {
+    let dtype = states.first().map_or(DType::F32, |(o, _)| o.dtype());
+    let row_o = shape.heads * shape.head_dim;
+    let (mut o, mut lse) = (Vec::new(), Vec::new());
+    let wide: Vec<Vec<f32>> = states.iter().map(|(o, _)| o.to_f32_vec()).collect();
+    for r in 0..shape.rows {
+        for (w, (_, l)) in wide.iter().zip(states) {
+            o.extend_from_slice(&w[r * row_o..(r + 1) * row_o]);
+            lse.extend_from_slice(&l[r * shape.heads..(r + 1) * shape.heads]);
+        }
+    }
+    (
+        HostTensor::from_f32(dtype, &o),
+        HostTensor::from_f32(DType::F32, &lse),
+    )
 }

@@ -8,7 +8,7 @@
 use super::buffers::DeviceTensor;
 use super::device::{self, DeviceInfo};
 use super::error::{CudaError, DriverContext};
-use crate::codegen::{self, RenderedKernel};
+use crate::codegen::{RenderedFixed, RenderedKernel};
 use crate::jit::{CompileOptions, Jit, KernelSource};
 use crate::tensor::HostTensor;
 use crate::Error;
@@ -47,8 +47,9 @@ pub struct Engine {
     info: DeviceInfo,
     jit: Jit,
     kernels: Mutex<HashMap<String, Arc<LoadedKernel>>>,
-    /// The paged-KV append kernel, loaded on first use.
-    append: Mutex<Option<(Arc<CudaModule>, CudaFunction)>>,
+    /// The kernels without specialisation (append, public merge) by entry name, loaded on
+    /// first use.
+    fixed: Mutex<HashMap<String, (Arc<CudaModule>, CudaFunction)>>,
 }
 
 impl Engine {
@@ -70,7 +71,7 @@ impl Engine {
             info,
             jit,
             kernels: Mutex::new(HashMap::new()),
-            append: Mutex::new(None),
+            fixed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -104,16 +105,20 @@ impl Engine {
         Ok(self.stream.synchronize().during("stream synchronisation")?)
     }
 
-    /// The paged-KV append kernel (compiled, or fetched from the caches, and loaded once).
-    pub(crate) fn append_kernel(&self) -> Result<CudaFunction, Error> {
-        let mut slot = self
-            .append
+    /// A kernel without specialisation (`render` is one of `codegen`'s fixed renderers),
+    /// compiled or fetched from the caches, and loaded once.
+    pub(crate) fn fixed_kernel(
+        &self,
+        render: fn() -> RenderedFixed,
+    ) -> Result<CudaFunction, Error> {
+        let rendered = render();
+        let mut loaded = self
+            .fixed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, f)) = slot.as_ref() {
+        if let Some((_, f)) = loaded.get(&rendered.entry) {
             return Ok(f.clone());
         }
-        let rendered = codegen::render_append();
         let source = KernelSource {
             name: &rendered.entry,
             entry: &rendered.entry,
@@ -126,11 +131,11 @@ impl Engine {
         let module = self
             .ctx
             .load_module(Ptx::from_binary(compiled.kernel.cubin))
-            .during("loading the append kernel")?;
+            .during(format!("loading {}", rendered.entry))?;
         let function = module
             .load_function(&rendered.entry)
             .during(format!("finding {}", rendered.entry))?;
-        *slot = Some((module, function.clone()));
+        loaded.insert(rendered.entry, (module, function.clone()));
         Ok(function)
     }
 

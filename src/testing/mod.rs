@@ -19,11 +19,13 @@
 mod custom;
 pub mod grid;
 mod inputs;
+mod merge;
 mod paged;
 pub mod rng;
 
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
+pub use merge::{merge_cases, MergeCase};
 pub use paged::{PagedCase, PagedInputs, PagedRun};
 
 use crate::compare::Tolerance;

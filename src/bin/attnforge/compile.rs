@@ -148,21 +148,22 @@ impl From<RenderedKernel> for Unit {
     }
 }
 
-/// Renders the (filtered) matrix: every attention kernel, and the paged-KV append kernel
-/// (which may not spill).
+/// Renders the (filtered) matrix: every attention kernel, and the kernels without
+/// specialisation (paged-KV append, public merge), which may not spill.
 fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
-    let append = codegen::render_append();
     let mut units: Vec<Unit> = codegen::compile_matrix()
         .iter()
         .map(|s| Unit::from(codegen::render(s)))
         .collect();
-    units.push(Unit {
-        name: append.entry.clone(),
-        entry: append.entry,
-        source: append.source,
-        snippets: Vec::new(),
-        spill_budget_bytes: 0,
-    });
+    for fixed in [codegen::render_append(), codegen::render_merge_states()] {
+        units.push(Unit {
+            name: fixed.entry.clone(),
+            entry: fixed.entry,
+            source: fixed.source,
+            snippets: Vec::new(),
+            spill_budget_bytes: 0,
+        });
+    }
     let total = units.len();
     units.retain(|u| filter.is_none_or(|f| u.name.contains(f)));
     if units.is_empty() {

@@ -5,8 +5,8 @@
 //! `N passed, M failed`; the exit status is non-zero when M > 0.
 
 use crate::backend::BackendKind;
-use attnforge::testing::{cases, Case, Suite};
-use attnforge::verify::{run_cases, CaseResult};
+use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
+use attnforge::verify::{run_cases, run_merge_case, CaseResult};
 use std::process::ExitCode;
 
 /// The case list, as named on the command line.
@@ -79,9 +79,14 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         .into_iter()
         .filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f)))
         .collect();
+    let merges: Vec<MergeCase> = merge_cases(suite, args.seed)
+        .into_iter()
+        .filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f)))
+        .collect();
     println!(
-        "verify: {} cases of the {:?} suite (seed {}) on {}",
+        "verify: {} attention and {} merge cases of the {:?} suite (seed {}) on {}",
         selected.len(),
+        merges.len(),
         args.suite,
         args.seed,
         backend.describe()
@@ -90,9 +95,18 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         eprintln!("error: preparing the cases: {e}");
         return ExitCode::FAILURE;
     }
-    let summary = run_cases(backend.as_ref(), &selected, |r| {
+    let mut summary = run_cases(backend.as_ref(), &selected, |r| {
         report(r, args.seed, args.verbose)
     });
+    for case in &merges {
+        let result = run_merge_case(backend.as_ref(), case);
+        report(&result, args.seed, args.verbose);
+        if result.passed {
+            summary.passed += 1;
+        } else {
+            summary.failed += 1;
+        }
+    }
     println!("{} passed, {} failed", summary.passed, summary.failed);
     if summary.failed == 0 {
         ExitCode::SUCCESS
