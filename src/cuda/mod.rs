@@ -27,7 +27,4 @@ pub use merge::DeviceState;
 pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
-pub use schedule::{
-    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, SplitChoice, WorkItem,
-    CTAS_PER_SM,
-};
+pub use schedule::{choose_kv_split, prefill_work, KvSplit, SplitChoice, WorkItem};

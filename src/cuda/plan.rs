@@ -7,9 +7,7 @@
 
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
-use super::schedule::{
-    choose_kv_split, choose_kv_split_balanced, prefill_work, KvSplit, SplitChoice,
-};
+use super::schedule::{choose_kv_split, prefill_work, KvSplit, SplitChoice};
 use crate::codegen::{
     self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
     MERGE_THREADS,
@@ -124,12 +122,8 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let sm_count = engine.info().sm_count as usize;
-        let planned = if spec.tile.split_keys {
-            let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
-            choose_kv_split_balanced(problem, cta_q, kv_tile, slots)
-        } else {
-            choose_kv_split(problem, cta_q, kv_tile, sm_count)
-        };
+        let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
+        let planned = choose_kv_split(problem, cta_q, kv_tile, slots);
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
         let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref())

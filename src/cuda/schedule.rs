@@ -15,8 +15,6 @@ pub type WorkItem = [i32; 4];
 /// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
 /// share of the merge).
 const MIN_CHUNK_KEYS: usize = 256;
-/// Prefill CTAs one SM holds at once (registers and shared memory allow two).
-pub const CTAS_PER_SM: usize = 2;
 
 /// How the KV range of every request is cut: chunks of `chunk` keys, at most `max_chunks` per
 /// request.
@@ -116,47 +114,26 @@ fn query_tiles(problem: &AttentionProblem, cta_q: usize) -> Vec<(usize, usize, u
     tiles
 }
 
-/// Whether to split the KV range, and how: only when the unsplit grid would leave SMs idle
-/// (fewer CTAs than `sm_count * CTAS_PER_SM`) and the longest request has keys enough to cut.
-pub fn choose_kv_split(
-    problem: &AttentionProblem,
-    cta_q: usize,
-    kv_tile: usize,
-    sm_count: usize,
-) -> Option<KvSplit> {
-    let items = query_tiles(problem, cta_q).len() * problem.num_kv_heads;
-    let target = sm_count * CTAS_PER_SM;
-    let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
-    if items == 0 || items >= target {
-        return None;
-    }
-    let pieces = target.div_ceil(items);
-    let chunk = max_kv
-        .div_ceil(pieces)
-        .next_multiple_of(kv_tile)
-        .max(MIN_CHUNK_KEYS.next_multiple_of(kv_tile));
-    (chunk < max_kv).then(|| KvSplit {
-        chunk,
-        max_chunks: max_kv.div_ceil(chunk),
-    })
-}
-
 /// Fixed cost of one CTA in units of keys streamed: launch, the Q load, the first K/V load's
 /// latency and the epilogue (a few microseconds against about 50 ns per key of one KV head at
 /// full bandwidth).
 const CTA_OVERHEAD_KEYS: usize = 64;
-/// Cost of a split in units of keys streamed by one CTA slot: the merge kernel's launch and its
-/// pass over the partial results.
+/// Cost of a split in units of keys streamed by one CTA slot: the merge kernel's launch.
 const MERGE_OVERHEAD_KEYS: usize = 128;
+/// Cost of one chunk's partial result per packed query row of its tile, in keys: the f32 row
+/// stored to the workspace and read back by the merge (for a 128-row tile, 64 KB each way:
+/// about as long as a slot's share of the bandwidth takes for 128 keys of work).
+const PARTIAL_KEYS_PER_ROW: usize = 1;
 
-/// Whether and how to split the KV range for a kernel that fills `slots` CTA slots at once
-/// (SMs x resident CTAs per SM), by simulating the block scheduler: items are dealt longest
-/// first to the slot that frees first (the work list's order), and the split with the shortest
-/// estimated finish (plus the merge when split) wins. Used by the key-split (decode) tile, where
-/// requests are short in queries and a request's keys are the whole cost: a single long request
-/// must split, many short ones must not, and a batch that fills 1.3 waves splits so that the
-/// last wave is not mostly idle.
-pub fn choose_kv_split_balanced(
+/// Whether and how to split the KV range for a kernel of `cta_q` packed rows per CTA that fills
+/// `slots` CTA slots at once (SMs x resident CTAs per SM), by simulating the block scheduler:
+/// items are dealt longest first to the slot that frees first (the work list's order), each
+/// costing its visible keys plus a fixed CTA overhead (plus its partial result's round trip when
+/// split), and the split with the shortest estimated finish (plus the merge's launch) wins. A
+/// single long request splits, many short ones do not, a batch that fills 1.3 waves splits so
+/// that the last wave is not mostly idle, and a prefill whose tiles nearly fill one wave is left
+/// whole (its partial results would cost more than the idle slots).
+pub fn choose_kv_split(
     problem: &AttentionProblem,
     cta_q: usize,
     kv_tile: usize,
@@ -211,11 +188,12 @@ fn makespan(
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let costs = item_costs(problem, cta_q, split);
+    let per_item = CTA_OVERHEAD_KEYS + split.map_or(0, |_| cta_q * PARTIAL_KEYS_PER_ROW);
     let mut free: BinaryHeap<Reverse<usize>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
     let mut end = 0;
     for (cost, _) in costs {
         let Reverse(t) = free.pop().unwrap_or(Reverse(0));
-        let done = t + cost + CTA_OVERHEAD_KEYS;
+        let done = t + cost + per_item;
         end = end.max(done);
         free.push(Reverse(done));
     }
@@ -325,17 +303,21 @@ mod tests {
     #[test]
     fn short_queries_over_long_keys_are_split_and_long_prefills_are_not() {
         let append = problem(&[(17, 4096)], 8, 2, Mask::Causal);
-        let split = choose_kv_split(&append, 64, 64, 132).expect("2 CTAs cannot fill 132 SMs");
+        let split = choose_kv_split(&append, 64, 64, 264).expect("2 CTAs cannot fill 132 SMs");
         assert_eq!(split.chunk % 64, 0);
         assert!(split.chunk >= 256 && split.max_chunks == 4096usize.div_ceil(split.chunk));
         let work = prefill_work(&append, 64, Some(&split));
         // 17 tokens x group 4 = 68 packed rows: 2 query tiles, each over every chunk, 2 KV heads.
         assert_eq!(work.len(), 2 * split.max_chunks * 2);
         let long = problem(&[(4096, 4096)], 32, 8, Mask::Causal);
-        assert_eq!(choose_kv_split(&long, 128, 64, 132), None);
+        assert_eq!(choose_kv_split(&long, 128, 64, 264), None);
+        // 8 query tiles x 32 heads = 256 CTAs of 1024 keys in 264 slots: nearly one wave, and
+        // splitting would add 2 x 64 KB of partial results per CTA.
+        let one_wave = problem(&[(1024, 1024)], 32, 32, Mask::None);
+        assert_eq!(choose_kv_split(&one_wave, 128, 64, 264), None);
         let short_kv = problem(&[(1, 200)], 8, 8, Mask::None);
         assert_eq!(
-            choose_kv_split(&short_kv, 64, 64, 132),
+            choose_kv_split(&short_kv, 64, 64, 264),
             None,
             "nothing worth cutting"
         );
@@ -345,7 +327,7 @@ mod tests {
     fn balanced_split_cuts_a_long_decode_and_leaves_many_short_ones_alone() {
         let slots = 132 * 3;
         let long = problem(&[(1, 65536)], 32, 8, Mask::None);
-        let split = choose_kv_split_balanced(&long, 16, 64, slots).expect("8 CTAs for 396 slots");
+        let split = choose_kv_split(&long, 16, 64, slots).expect("8 CTAs for 396 slots");
         assert!(split.max_chunks >= 32, "{split:?}");
         assert!(
             8 * split.max_chunks <= slots,
@@ -353,10 +335,10 @@ mod tests {
         );
         assert_eq!(split.chunk % 64, 0);
         let short = problem(&[(1, 512); 256], 32, 8, Mask::None);
-        assert_eq!(choose_kv_split_balanced(&short, 16, 64, slots), None);
+        assert_eq!(choose_kv_split(&short, 16, 64, slots), None);
         // 64 x 8 = 512 CTAs are 1.3 waves of 396: a split evens the waves out.
         let batch = problem(&[(1, 4096); 64], 32, 8, Mask::None);
-        let split = choose_kv_split_balanced(&batch, 16, 64, slots).expect("1.3 waves split");
+        let split = choose_kv_split(&batch, 16, 64, slots).expect("1.3 waves split");
         let ctas = 64 * 8 * split.max_chunks;
         let waves = ctas as f64 / slots as f64;
         assert!(
