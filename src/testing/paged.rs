@@ -257,7 +257,7 @@ pub fn paged_cases(
             vec![(1, 512); 256],
         ];
         if suite == Suite::Full {
-            b.push(skewed_decode(128, 64, 16384, &mut rng));
+            b.push(skewed_decode(128, 64, 32768, &mut rng));
             b.push(vec![(1, 4096); 64]);
         }
         b
