@@ -8,6 +8,7 @@
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
 typedef long long i64_t;
+typedef unsigned long long u64_t;
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -17,6 +18,13 @@ constexpr int MASK_NONE = 0;
 constexpr int MASK_CAUSAL = 1;
 constexpr int MASK_SLIDING_WINDOW = 2;
 constexpr int MASK_CUSTOM = 3;
+
+// a * b + c with a 64-bit product of 32-bit factors: one IMAD.WIDE.U32.
+__device__ __forceinline__ u64_t mad_wide_u32(u32_t a, u32_t b, u64_t c) {
+  u64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(a), "r"(b), "l"(c));
+  return r;
+}
 
 // -infinity (NVRTC has no constexpr builtin for it without headers).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }

@@ -32,9 +32,11 @@ struct OnlineSoftmax {
     for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float raw = neg_inf();
+        // Started from the first pair rather than -inf: one FMNMX fewer per row, same max (fmaxf
+        // drops a NaN operand, and the fmaxf with row_max below absorbs an all-NaN row as -inf would).
+        float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
 #pragma unroll
-        for (int nt = 0; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+        for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
         float mx = fmaxf(row_max[mq][h], warp_max_quad(raw) * scale);
         float offset = mx == neg_inf() ? 0.0f : mx;
         float rescale = exp2_approx(row_max[mq][h] - offset);

@@ -55,22 +55,35 @@ struct RowCoords {
   bool valid[MMA_Q][2];
 };
 
-// S = Q K^T for this warp's rows over one KV sub-tile: the fragment loads both accumulator types
-// share. `mma(acc, a, b0, b1)` accumulates one m16n8k16 product into `acc` (float[4] or the two
-// f16x2 registers of an f16 accumulator), which the caller has zeroed.
+// This thread's ldmatrix offsets (FragOffsets) in the Q, K and V tiles: Q and V reads take rows
+// lane % 16 and chunk lane / 16 of each 16x16 block, K reads rows (lane / 16) * 8 + lane % 8 and
+// chunk (lane / 8) % 2. Computed once per CTA; the main loop adds only constants to them.
+struct FragAddrs {
+  u32_t q_base;  // the warp's first Q row
+  FragOffsets<QK_CHUNKS> q, k;
+  FragOffsets<VO_CHUNKS> v;
+
+  __device__ __forceinline__ FragAddrs(u32_t q_tile_base, int warp_row0, int lane)
+      : q_base(q_tile_base + static_cast<u32_t>(warp_row0 * QK_CHUNKS * 16)),
+        q(lane % 16, lane / 16),
+        k((lane / 16) * 8 + lane % 8, (lane / 8) % 2),
+        v(lane % 16, lane / 16) {}
+};
+
+// S = Q K^T for this warp's rows over one KV sub-tile (K rows from `k_base`): the fragment loads
+// both accumulator types share. `mma(acc, a, b0, b1)` accumulates one m16n8k16 product into `acc`
+// (float[4] or the two f16x2 registers of an f16 accumulator), which the caller has zeroed.
 template <typename Acc, typename Mma>
-__device__ __forceinline__ void qk_tiles(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
-                                         int lane, Acc (&acc)[MMA_Q][KV_NT], Mma mma) {
+__device__ __forceinline__ void qk_tiles(const FragAddrs& f, u32_t k_base, Acc (&acc)[MMA_Q][KV_NT], Mma mma) {
 #pragma unroll
   for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
     u32_t a[MMA_Q][4];
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq)
-      ldmatrix_x4(a[mq], q.chunk_addr(warp_row0 + mq * 16 + lane % 16, kk * 2 + lane / 16));
+    for (int mq = 0; mq < MMA_Q; ++mq) ldmatrix_x4(a[mq], f.q.at(f.q_base, mq * 16, kk * 2));
 #pragma unroll
     for (int nb = 0; nb < KV_SUB / 16; ++nb) {
       u32_t b[4];
-      ldmatrix_x4(b, k.chunk_addr(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+      ldmatrix_x4(b, f.k.at(k_base, nb * 16, kk * 2));
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
         mma(acc[mq][2 * nb], a[mq], b[0], b[1]);
@@ -81,16 +94,14 @@ __device__ __forceinline__ void qk_tiles(const SmemTile<QK_CHUNKS>& q, const Sme
 }
 
 // S = Q K^T with f32 accumulators.
-__device__ __forceinline__ void qk_f32(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
-                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
+__device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (&s)[MMA_Q][KV_NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
-  qk_tiles(q, k, warp_row0, lane, s,
-           [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
+  qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
 }
 
 // f32-accumulated dot product of row `qa` of `a` and row `kb` of `b` (f16 elements), read
@@ -116,14 +127,13 @@ __device__ __noinline__ float dot_rows_f32(const SmemTile<QK_CHUNKS>& a, int qa,
 // S = Q K^T with f16 accumulators (rounded to f16 after each k16 step), widened exactly to f32.
 // Where an accumulator overflowed (non-finite), the logit is recomputed with f32 accumulation.
 __device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
-                                       int lane, float (&s)[MMA_Q][KV_NT][4]) {
+                                       int lane, const FragAddrs& f, float (&s)[MMA_Q][KV_NT][4]) {
   u32_t acc[MMA_Q][KV_NT][2];
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) acc[mq][nt][0] = acc[mq][nt][1] = 0u;
-  qk_tiles(q, k, warp_row0, lane, acc,
-           [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
+  qk_tiles(f, k.base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
   bool overflow = false;
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
@@ -181,7 +191,7 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 }
 
 // O += P V for this warp's rows over one KV tile; P (in s) is rounded to the input dtype.
-__device__ __forceinline__ void pv(const SmemTile<VO_CHUNKS>& v, int lane, const float (&s)[MMA_Q][KV_NT][4],
+__device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const float (&s)[MMA_Q][KV_NT][4],
                                    float (&o)[MMA_Q][VO_NT][4]) {
 #pragma unroll
   for (int kk = 0; kk < KV_SUB / 16; ++kk) {
@@ -196,7 +206,7 @@ __device__ __forceinline__ void pv(const SmemTile<VO_CHUNKS>& v, int lane, const
 #pragma unroll
     for (int db = 0; db < VO_NT / 2; ++db) {
       u32_t b[4];
-      ldmatrix_x4_trans(b, v.chunk_addr(kk * 16 + lane % 16, db * 2 + lane / 16));
+      ldmatrix_x4_trans(b, f.v.at(v_base, kk * 16, db * 2));
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
         mma_f32acc<DTypeIn>(o[mq][2 * db], a[mq], b[0], b[1]);
@@ -410,6 +420,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   }
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
+  const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<0>();  // K_t and V_t (and Q, with the first tile) have landed
     if constexpr (spec::QK_F16_ACCUM) {
@@ -430,9 +441,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const SmemTile<VO_CHUNKS> v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
       float s[MMA_Q][KV_NT][4];
       if constexpr (spec::QK_F16_ACCUM) {
-        qk_f16(q_tile, k_sub, warp_row0, lane, s);
+        qk_f16(q_tile, k_sub, warp_row0, lane, frag, s);
       } else {
-        qk_f32(q_tile, k_sub, warp_row0, lane, s);
+        qk_f32(frag, k_sub.base, s);
       }
       if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
         logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
@@ -440,7 +451,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
       }
       softmax.update(s, o, softmax_scale);
-      pv(v_sub, lane, s, o);
+      pv(frag, v_sub.base, s, o);
     }
   }
 

@@ -16,6 +16,27 @@ struct SmemTile {
   }
 };
 
+// Where one thread's ldmatrix rows sit in a swizzled tile, as one offset computed once. A warp's
+// ldmatrix reads rows row0 + r and chunks chunk0 + c, where r and c (c in {0, 1}) are the
+// thread's own and row0 (a multiple of 8) and chunk0 (even) are compile-time constants once the
+// caller's loops are unrolled. The swizzle changes only the low 3 bits of the chunk index, so
+// (chunk0 + c) ^ (r & 7) = (chunk0 & ~7) + ((c ^ (r & 7)) ^ (chunk0 % 8)): the thread's offset for
+// chunk0 % 8 == 0, XORed with (chunk0 % 8) * 16 (bits 5..6: the row term is a multiple of 128
+// bytes), plus a constant the load takes as an immediate. No per-read swizzle in the main loop.
+template <int ROW_CHUNKS>
+struct FragOffsets {
+  u32_t off;  // bytes from the tile base to (row r, chunk c ^ (r & 7))
+
+  __device__ __forceinline__ FragOffsets(int r, int c)
+      : off(static_cast<u32_t>((r * ROW_CHUNKS + (c ^ (r & 7))) * 16)) {}
+
+  // The address SmemTile{base}.chunk_addr(row0 + r, chunk0 + c) (row0 % 8 == 0, chunk0 even).
+  __device__ __forceinline__ u32_t at(u32_t base, int row0, int chunk0) const {
+    return base + (off ^ static_cast<u32_t>((chunk0 % 8) * 16)) +
+           static_cast<u32_t>((row0 * ROW_CHUNKS + (chunk0 & ~7)) * 16);
+  }
+};
+
 // Loads ROWS rows of a [tokens, heads, dim] tensor into `tile` with cp.async, NUM_THREADS
 // threads cooperating. `row_src(row, valid)` returns the global address of the row's first
 // element and sets `valid` (false: zero-fill).
@@ -33,10 +54,30 @@ __device__ __forceinline__ void load_tile_async(const SmemTile<ROW_CHUNKS>& tile
   }
 }
 
+// The copies of load_rows_async of one thread: its chunk of rows row0, row0 + ROWS_PER_PASS, ..
+// from `src` on, stepping `step` elements; WHOLE: every row is valid (no compare).
+template <int ROWS, int ROWS_PER_PASS, bool WHOLE, int ROW_CHUNKS, typename T>
+__device__ __forceinline__ void load_rows_pass(const SmemTile<ROW_CHUNKS>& tile, int row0, int chunk, const T* src,
+                                               i64_t step, int valid_rows) {
+  // With whole groups of 8 rows per pass, every row of the thread has the same swizzle: one
+  // shared-memory address plus constants.
+  const u32_t dst0 = tile.chunk_addr(row0, chunk);
+#pragma unroll
+  for (int i = 0; i < ROWS / ROWS_PER_PASS; ++i) {
+    const int row = row0 + i * ROWS_PER_PASS;
+    const u32_t dst = ROWS_PER_PASS % 8 == 0 ? dst0 + static_cast<u32_t>(i * ROWS_PER_PASS * ROW_CHUNKS * 16)
+                                             : tile.chunk_addr(row, chunk);
+    cp_async_16(dst, src, WHOLE || row < valid_rows);
+    src += step;
+  }
+}
+
 // Loads ROWS rows of a row-strided source (row r at first_row + r * row_stride elements) into
 // `tile`; rows at or past `valid_rows` are zero-filled. Each thread keeps one source pointer and
 // steps it by a uniform stride, so the K/V loads of a tile cost a few registers, not one address
-// per chunk (which pushed the main loop into spills).
+// per chunk (which pushed the main loop into spills). The pointer of a zero-filled row is formed
+// but never read (cp.async reads 0 bytes), so no select per chunk; a whole tile (the common case)
+// takes no per-row compare either.
 template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T>
 __device__ __forceinline__ void load_rows_async(const SmemTile<ROW_CHUNKS>& tile, const T* first_row,
                                                 i64_t row_stride, int valid_rows) {
@@ -47,11 +88,10 @@ __device__ __forceinline__ void load_rows_async(const SmemTile<ROW_CHUNKS>& tile
     const int row0 = threadIdx.x / ROW_CHUNKS, chunk = threadIdx.x % ROW_CHUNKS;
     const T* src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
     const i64_t step = ROWS_PER_PASS * row_stride;
-#pragma unroll
-    for (int i = 0; i < ROWS / ROWS_PER_PASS; ++i) {
-      const int row = row0 + i * ROWS_PER_PASS;
-      const bool valid = row < valid_rows;
-      cp_async_16(tile.chunk_addr(row, chunk), valid ? src + i * step : first_row, valid);
+    if (valid_rows >= ROWS) {
+      load_rows_pass<ROWS, ROWS_PER_PASS, true>(tile, row0, chunk, src, step, valid_rows);
+    } else {
+      load_rows_pass<ROWS, ROWS_PER_PASS, false>(tile, row0, chunk, src, step, valid_rows);
     }
   } else {
     load_tile_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, [&](int row, bool& valid) {
