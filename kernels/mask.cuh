@@ -22,6 +22,9 @@ __device__ __forceinline__ bool mask_visible(const RequestMaskContext& m, int qo
   } else if constexpr (KIND == MASK_SLIDING_WINDOW) {
     return kv_idx <= diag && kv_idx >= diag - m.window_left;
   } else if constexpr (KIND == MASK_CUSTOM) {
+    // A padding row of a query tile (qo_idx >= qo_len) has no bits: reading them would run past
+    // the request's segment (past the end of the mask for the last request).
+    if (qo_idx >= m.qo_len) return false;
     i64_t bit = static_cast<i64_t>(qo_idx) * m.kv_len + kv_idx;
     return (m.custom_bits[bit >> 3] >> (bit & 7)) & 1;
   } else {

@@ -25,21 +25,39 @@ struct OnlineSoftmax {
   }
 
   // Turns logits `s` into probabilities relative to the new running max and rescales the output
-  // accumulators `o` when the max grew. The running max is kept in base-2 units.
+  // accumulators `o` when the max grew. The running max is kept in base-2 units. Each step runs
+  // over all of the thread's rows before the next one (independent chains, the quad shuffles of
+  // every row in flight together), and the branches of the rescale come last, so that no row's
+  // latency waits behind another row's branch.
   template <int KV_NT, int VO_NT>
   __device__ __forceinline__ void update(float (&s)[MMA_Q][KV_NT][4], float (&o)[MMA_Q][VO_NT][4], float scale) {
+    // This thread's max of each row over its columns. Started from the first pair rather than
+    // -inf: one FMNMX fewer per row, same max (fmaxf drops a NaN operand, and the fmaxf with
+    // row_max below absorbs an all-NaN row as -inf would).
+    float raw[MMA_Q][2];
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
+    for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // Started from the first pair rather than -inf: one FMNMX fewer per row, same max (fmaxf
-        // drops a NaN operand, and the fmaxf with row_max below absorbs an all-NaN row as -inf would).
-        float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+        raw[mq][h] = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
 #pragma unroll
-        for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
-        float mx = fmaxf(row_max[mq][h], warp_max_quad(raw) * scale);
-        float offset = mx == neg_inf() ? 0.0f : mx;
-        float rescale = exp2_approx(row_max[mq][h] - offset);
+        for (int nt = 1; nt < KV_NT; ++nt) raw[mq][h] = fmaxf(raw[mq][h], fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+      }
+    // The quad's max (the four threads of a row), one shuffle level for every row at a time.
+#pragma unroll
+    for (int m = 1; m <= 2; m *= 2)
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw[mq][h] = fmaxf(raw[mq][h], __shfl_xor_sync(0xffffffffu, raw[mq][h], m));
+    float rescale[MMA_Q][2];
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mx = fmaxf(row_max[mq][h], raw[mq][h] * scale);
+        const float offset = mx == neg_inf() ? 0.0f : mx;
+        rescale[mq][h] = exp2_approx(row_max[mq][h] - offset);
         row_max[mq][h] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -48,18 +66,22 @@ struct OnlineSoftmax {
           s[mq][nt][2 * h + 1] = exp2_approx(fmaf(s[mq][nt][2 * h + 1], scale, -offset));
           sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
         }
-        row_sum[mq][h] = row_sum[mq][h] * rescale + sum;
-        // The rescale is 1 for every row whose max did not grow: skip the multiplies when that
-        // holds for the whole warp (a uniform branch; the common case after the first tiles).
-        if (__any_sync(0xffffffffu, rescale != 1.0f)) {
+        row_sum[mq][h] = row_sum[mq][h] * rescale[mq][h] + sum;
+      }
+    // The rescale is 1 for every row whose max did not grow: skip the multiplies when that holds
+    // for the whole warp (a uniform branch per row group; the common case after the first tiles).
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (__any_sync(0xffffffffu, rescale[mq][h] != 1.0f)) {
 #pragma unroll
           for (int dt = 0; dt < VO_NT; ++dt) {
-            o[mq][dt][2 * h] *= rescale;
-            o[mq][dt][2 * h + 1] *= rescale;
+            o[mq][dt][2 * h] *= rescale[mq][h];
+            o[mq][dt][2 * h + 1] *= rescale[mq][h];
           }
         }
       }
-    }
   }
 
   // Reduces the sums over the quad, normalises o and returns the natural-log LSE per row
