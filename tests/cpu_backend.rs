@@ -7,11 +7,14 @@ use attnforge::compare::{compare, Tolerance};
 use attnforge::cpu::{self, Isa};
 use attnforge::problem::TensorView;
 use attnforge::reference;
-use attnforge::testing::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, DTYPE_CONFIGS};
+use attnforge::testing::grid::{MaskSpec, VariantSpec};
 use attnforge::testing::rng::SplitMix64;
 use attnforge::testing::{cases, random_inputs, sample_custom_variant, BackendCaps, Suite};
 use attnforge::{AttentionProblem, DType, Error, HeadDims, HostTensor, Mask, RaggedBatch, Variant};
 use proptest::prelude::*;
+use support::{point_spec, Axes, PointSpec};
+
+mod support;
 
 /// Proptest cases per property: enough to meet every axis value several times, small enough for
 /// a test run of well under a minute on two cores.
@@ -69,30 +72,15 @@ fn apply_layout(p: &mut AttentionProblem, layout: Layout) {
 /// A random problem description (kept as plain data so proptest can shrink and print it).
 #[derive(Clone, Debug)]
 struct Spec {
-    config: DtypeConfig,
-    head_dims: HeadDims,
-    mask: MaskSpec,
-    variant: VariantSpec,
-    group: usize,
-    kv_heads: usize,
-    lens: Vec<(usize, usize)>,
+    point: PointSpec,
     layout: Layout,
     narrow_output: bool,
     isa: Isa,
-    seed: u64,
 }
 
 impl Spec {
     fn problem(&self) -> AttentionProblem {
-        let point = Point {
-            config: self.config,
-            head_dims: self.head_dims,
-            mask: self.mask,
-            variant: self.variant,
-            heads: (self.group * self.kv_heads, self.kv_heads),
-            lens: self.lens.clone(),
-        };
-        let mut p = point.problem(self.seed);
+        let mut p = self.point.point().problem(self.point.seed);
         apply_layout(&mut p, self.layout);
         // f16 -> bf16 and bf16 -> f16 outputs exercise the output conversion.
         if self.narrow_output {
@@ -102,18 +90,12 @@ impl Spec {
                 DType::F32 => DType::F32,
             };
         }
-        p.return_lse = self.seed % 5 != 0;
+        p.return_lse = self.point.seed % 5 != 0;
         p
     }
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
-    let masks = prop_oneof![
-        Just(MaskSpec::None),
-        Just(MaskSpec::Causal),
-        (0i64..40).prop_map(MaskSpec::Window),
-        Just(MaskSpec::Custom),
-    ];
     let variants = prop_oneof![
         Just(VariantSpec::None),
         prop_oneof![Just(50.0f32), Just(2.0), Just(0.05)].prop_map(VariantSpec::SoftCap),
@@ -122,49 +104,29 @@ fn spec() -> impl Strategy<Value = Spec> {
         Just(VariantSpec::Custom),
         Just(VariantSpec::CustomCpuOnly),
     ];
-    let lens = prop::collection::vec((0usize..70, 0usize..140), 1..4);
+    let axes = Axes {
+        max_window: 40,
+        variants: variants.boxed(),
+        groups: vec![1, 2, 3, 4, 8],
+        lens: prop::collection::vec((0usize..70, 0usize..140), 1..4).boxed(),
+    };
     let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
     (
-        (
-            prop::sample::select(DTYPE_CONFIGS.to_vec()),
-            prop::sample::select(HeadDims::all().collect::<Vec<_>>()),
-            masks,
-            variants,
-        ),
-        (
-            prop::sample::select(vec![1usize, 2, 3, 4, 8]),
-            1usize..=2,
-            lens,
-            prop_oneof![
-                Just(Layout::Contiguous),
-                Just(Layout::Fused),
-                Just(Layout::Padded)
-            ],
-            any::<bool>(),
-            prop::sample::select(isas),
-            any::<u64>(),
-        ),
+        point_spec(axes),
+        prop_oneof![
+            Just(Layout::Contiguous),
+            Just(Layout::Fused),
+            Just(Layout::Padded)
+        ],
+        any::<bool>(),
+        prop::sample::select(isas),
     )
-        .prop_map(
-            |(
-                (config, head_dims, mask, variant),
-                (group, kv_heads, lens, layout, narrow, isa, seed),
-            )| {
-                Spec {
-                    config,
-                    head_dims,
-                    mask,
-                    variant,
-                    group,
-                    kv_heads,
-                    lens,
-                    layout,
-                    narrow_output: narrow,
-                    isa,
-                    seed,
-                }
-            },
-        )
+        .prop_map(|(point, layout, narrow_output, isa)| Spec {
+            point,
+            layout,
+            narrow_output,
+            isa,
+        })
 }
 
 /// Runs `p` on the CPU backend with `isa` and on the reference; `Err` describes a failure.
@@ -191,7 +153,7 @@ proptest! {
     #[test]
     fn cpu_backend_matches_reference(spec in spec()) {
         let p = spec.problem();
-        let inputs = random_inputs(&p, spec.seed);
+        let inputs = random_inputs(&p, spec.point.seed);
         if let Err(why) = check(&p, &inputs, spec.isa) {
             prop_assert!(false, "{spec:?}: {why}");
         }

@@ -14,10 +14,13 @@ use attnforge::paged::{
 use attnforge::problem::{AttentionProblem, HeadDims, InvalidProblem, Variant};
 use attnforge::reference;
 use attnforge::tensor::HostTensor;
-use attnforge::testing::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, DTYPE_CONFIGS};
+use attnforge::testing::grid::VariantSpec;
 use attnforge::testing::random_inputs;
 use attnforge::testing::rng::SplitMix64;
 use proptest::prelude::*;
+use support::{point_spec, Axes, PointSpec};
+
+mod support;
 
 /// Proptest cases per property (each runs the f64 reference on a small batch).
 const PROPTEST_CASES: u32 = 128;
@@ -122,17 +125,10 @@ fn paged_setup(kv_lens: &[usize], shape: PagedKvLayout, seed: u64) -> (PagedKvLa
 /// A random paged problem (plain data so proptest can shrink and print it).
 #[derive(Clone, Debug)]
 struct Spec {
-    config: DtypeConfig,
-    head_dims: HeadDims,
-    mask: MaskSpec,
-    variant: VariantSpec,
-    group: usize,
-    kv_heads: usize,
-    lens: Vec<(usize, usize)>,
+    point: PointSpec,
     page_size: usize,
     order: KvOrder,
     storage: KvStorage,
-    seed: u64,
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
@@ -141,12 +137,6 @@ fn spec() -> impl Strategy<Value = Spec> {
         Just(16),
         Just(64),
         (0u32..=8).prop_map(|k| 1usize << k)
-    ];
-    let masks = prop_oneof![
-        Just(MaskSpec::None),
-        Just(MaskSpec::Causal),
-        (0i64..20).prop_map(MaskSpec::Window),
-        Just(MaskSpec::Custom),
     ];
     let variants = prop_oneof![
         Just(VariantSpec::None),
@@ -157,73 +147,49 @@ fn spec() -> impl Strategy<Value = Spec> {
     ];
     // Decode-like (one query) and small prefill requests; zero-key requests included.
     let lens = prop::collection::vec((prop_oneof![Just(1usize), 0usize..6], 0usize..150), 1..5);
+    let axes = Axes {
+        max_window: 20,
+        variants: variants.boxed(),
+        groups: vec![1, 4, 8],
+        lens: lens.boxed(),
+    };
     (
-        (
-            prop::sample::select(DTYPE_CONFIGS.to_vec()),
-            prop::sample::select(HeadDims::all().collect::<Vec<_>>()),
-            masks,
-            variants,
-        ),
-        (
-            prop::sample::select(vec![1usize, 4, 8]),
-            1usize..=2,
-            lens,
-            page_sizes,
-            prop_oneof![Just(KvOrder::Nhd), Just(KvOrder::Hnd)],
-            prop_oneof![Just(KvStorage::Separate), Just(KvStorage::Combined)],
-            any::<u64>(),
-        ),
+        point_spec(axes),
+        page_sizes,
+        prop_oneof![Just(KvOrder::Nhd), Just(KvOrder::Hnd)],
+        prop_oneof![Just(KvStorage::Separate), Just(KvStorage::Combined)],
     )
-        .prop_map(
-            |(
-                (config, head_dims, mask, variant),
-                (group, kv_heads, lens, page_size, order, storage, seed),
-            )| Spec {
-                config,
-                head_dims,
-                mask,
-                variant,
-                group,
-                kv_heads,
-                lens,
-                page_size,
-                order,
-                // Combined storage needs equal head dims.
-                storage: if head_dims.qk() == head_dims.vo() {
-                    storage
-                } else {
-                    KvStorage::Separate
-                },
-                seed,
+        .prop_map(|(point, page_size, order, storage)| Spec {
+            // Combined storage needs equal head dims.
+            storage: if point.head_dims.qk() == point.head_dims.vo() {
+                storage
+            } else {
+                KvStorage::Separate
             },
-        )
+            point,
+            page_size,
+            order,
+        })
 }
 
 /// Builds the case and checks it; `Err` describes a failure.
 fn check(s: &Spec) -> Result<(), String> {
-    let point = Point {
-        config: s.config,
-        head_dims: s.head_dims,
-        mask: s.mask,
-        variant: s.variant,
-        heads: (s.group * s.kv_heads, s.kv_heads),
-        lens: s.lens.clone(),
-    };
-    let contiguous = point.problem(s.seed);
-    let (q, k, v) = random_inputs(&contiguous, s.seed);
-    let kv_lens: Vec<usize> = s.lens.iter().map(|&(_, kv)| kv).collect();
+    let pt = &s.point;
+    let contiguous = pt.point().problem(pt.seed);
+    let (q, k, v) = random_inputs(&contiguous, pt.seed);
+    let kv_lens: Vec<usize> = pt.lens.iter().map(|&(_, kv)| kv).collect();
     let shape = PagedKvLayout {
         num_pages: 0,
         page_size: s.page_size,
-        num_kv_heads: s.kv_heads,
-        head_dims: s.head_dims,
+        num_kv_heads: pt.kv_heads,
+        head_dims: pt.head_dims,
         order: s.order,
         storage: s.storage,
-        dtype: s.config.dtype,
+        dtype: pt.config.dtype,
     };
-    let (layout, table) = paged_setup(&kv_lens, shape, s.seed);
+    let (layout, table) = paged_setup(&kv_lens, shape, pt.seed);
     let bufs = tensors(
-        s.config.dtype,
+        pt.config.dtype,
         &scatter(&layout, &table, &k.to_f32_vec(), &v.to_f32_vec()),
     );
     let cache = cache_ref(&bufs);
