@@ -32,8 +32,14 @@ fn problem(name: &str) -> (AttentionProblem, (HostTensor, HostTensor, HostTensor
         .expect("the name comes from SHAPES");
     let dims = HeadDims::equal(d).expect("the shapes use supported head dims");
     let mask = if causal { Mask::Causal } else { Mask::None };
-    let p =
-        AttentionProblem::new(RaggedBatch::single(n, n), hq, hkv, dims, DType::F32).with_mask(mask);
+    let p = AttentionProblem::new(
+        RaggedBatch::single(n, n).unwrap(),
+        hq,
+        hkv,
+        dims,
+        DType::F32,
+    )
+    .with_mask(mask);
     let inputs = random_inputs(&p, 1);
     (p, inputs)
 }

@@ -146,7 +146,8 @@ impl PrefillShape {
             .zip(self.kv_lens.iter().copied())
             .collect();
         let mut p = AttentionProblem::new(
-            RaggedBatch::from_lens(&lens),
+            RaggedBatch::from_lens(&lens)
+                .map_err(|e| InvalidProblem::new(format!("shape {}", self.name), e.to_string()))?,
             self.num_qo_heads,
             self.num_kv_heads,
             self.head_dims()?,

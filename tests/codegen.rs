@@ -210,7 +210,8 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 #[test]
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
-    let f32_problem = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F32);
+    let f32_problem =
+        AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F32);
     match KernelSpec::for_problem(&f32_problem, KvCache::Ragged) {
         Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("bf16")),
         other => panic!("expected Unsupported, got {other:?}"),
@@ -222,7 +223,7 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
         cuda: None,
         param_values: vec![],
     };
-    let p = AttentionProblem::new(RaggedBatch::single(4, 4), 2, 1, dims, DType::F16)
+    let p = AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F16)
         .with_variant(Variant::Custom(cpu_only));
     assert!(matches!(
         KernelSpec::for_problem(&p, KvCache::Paged),

@@ -10,7 +10,7 @@ use attnforge::{AttentionOutput, HostTensor};
 /// A causal problem with qo_len > kv_len, so rows 0 and 1 see no key.
 fn setup(dtype: DType) -> (AttentionProblem, ReferenceOutput, AttentionOutput) {
     let p = AttentionProblem::new(
-        RaggedBatch::from_lens(&[(4, 2), (3, 9)]),
+        RaggedBatch::from_lens(&[(4, 2), (3, 9)]).unwrap(),
         2,
         1,
         HeadDims::equal(64).unwrap(),

@@ -199,7 +199,7 @@ fn every_isa_agrees_on_a_quick_case_sample() {
 
 fn single(qo: usize, kv: usize, mask: Mask, variant: Variant) -> AttentionProblem {
     AttentionProblem::new(
-        RaggedBatch::from_lens(&[(qo, kv)]),
+        RaggedBatch::from_lens(&[(qo, kv)]).unwrap(),
         4,
         2,
         HeadDims::equal(64).expect("64 is supported"),
@@ -302,7 +302,7 @@ fn long_sequences_across_many_key_tiles() {
         (MaskSpec::Custom.build(&[(150, 300)], &mut rng), 3),
     ] {
         let p = AttentionProblem::new(
-            RaggedBatch::from_lens(&[(150, 300)]),
+            RaggedBatch::from_lens(&[(150, 300)]).unwrap(),
             8,
             1,
             HeadDims::equal(128).expect("128 is supported"),

@@ -52,7 +52,7 @@ proptest! {
     ) {
         let hq = 2;
         let base = AttentionProblem::new(
-            RaggedBatch::from_lens(&lens), hq, 1, HeadDims::equal(64).unwrap(), DType::F32,
+            RaggedBatch::from_lens(&lens).unwrap(), hq, 1, HeadDims::equal(64).unwrap(), DType::F32,
         )
         .with_mask(if causal { Mask::Causal } else { Mask::None });
         let sinks = vec![0.5f32, -1.25];

@@ -108,7 +108,7 @@ fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
 
 fn small_problems() -> Vec<AttentionProblem> {
     let lens = [(3usize, 5usize), (1, 1), (4, 2), (2, 9)];
-    let batch = RaggedBatch::from_lens(&lens);
+    let batch = RaggedBatch::from_lens(&lens).unwrap();
     let masks: Vec<Vec<bool>> = lens
         .iter()
         .enumerate()
@@ -185,7 +185,7 @@ fn attention_rows_equal_the_whole_result() {
 fn two_keys(variant: Variant, mask: Mask) -> (f64, f64, f64) {
     let d = 64;
     let p = AttentionProblem::new(
-        RaggedBatch::single(1, 2),
+        RaggedBatch::single(1, 2).unwrap(),
         1,
         1,
         HeadDims::equal(d).unwrap(),
@@ -253,7 +253,7 @@ fn rows_without_keys_give_zero_and_minus_infinity_or_the_sink() {
     let lens = [(3, 1), (2, 0)];
     for sinks in [None, Some(vec![0.75f32, -0.5])] {
         let mut p = AttentionProblem::new(
-            RaggedBatch::from_lens(&lens),
+            RaggedBatch::from_lens(&lens).unwrap(),
             2,
             1,
             HeadDims::equal(64).unwrap(),
@@ -297,7 +297,7 @@ fn softmax_weights_sum_to_one_and_match_the_lse() {
     .enumerate()
     {
         let p = AttentionProblem::new(
-            RaggedBatch::single(7, kv_len),
+            RaggedBatch::single(7, kv_len).unwrap(),
             2,
             1,
             HeadDims::equal(d).unwrap(),
@@ -382,7 +382,7 @@ fn f16_accumulation_rounds_after_every_chunk() {
 
     // The same keys in a problem: f16 accumulation sees logits 2048 and 2050, f32 sees 2050 twice.
     let p = AttentionProblem::new(
-        RaggedBatch::single(1, 2),
+        RaggedBatch::single(1, 2).unwrap(),
         1,
         1,
         HeadDims::equal(64).unwrap(),
@@ -434,7 +434,7 @@ fn f16_overflow_falls_back_to_f32_accumulation() {
 
     // In a whole problem the overflowing logit is finite and the output has no NaN.
     let p = AttentionProblem::new(
-        RaggedBatch::single(1, 2),
+        RaggedBatch::single(1, 2).unwrap(),
         1,
         1,
         HeadDims::equal(64).unwrap(),

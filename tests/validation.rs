@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 fn base() -> AttentionProblem {
     AttentionProblem::new(
-        RaggedBatch::from_lens(&[(2, 3), (1, 4)]),
+        RaggedBatch::from_lens(&[(2, 3), (1, 4)]).unwrap(),
         4,
         2,
         HeadDims::equal(64).unwrap(),
@@ -35,6 +35,20 @@ fn the_base_problem_is_valid() {
     let p = base();
     let (q, k, v) = random_inputs(&p, 0);
     p.validate_inputs(&q, &k, &v).unwrap();
+}
+
+#[test]
+fn batches_beyond_32_bit_token_indices_are_errors_naming_the_request() {
+    let big = i32::MAX as usize;
+    let err = RaggedBatch::from_lens(&[(1, 5), (big, 5)]).unwrap_err();
+    assert_eq!(err.field, "qo_indptr");
+    assert!(err.reason.contains("request 1"), "{err}");
+    let err = RaggedBatch::from_lens(&[(1, big), (1, 1)]).unwrap_err();
+    assert_eq!(err.field, "kv_indptr");
+    assert!(err.reason.contains("request 1"), "{err}");
+    assert!(RaggedBatch::single(usize::MAX, 1).is_err());
+    let fits = RaggedBatch::from_lens(&[(big - 1, 1), (1, 1)]).unwrap();
+    assert_eq!(fits.qo_indptr, vec![0, i32::MAX - 1, i32::MAX]);
 }
 
 #[test]

@@ -274,7 +274,7 @@ mod tests {
 
     fn problem(lens: &[(usize, usize)], hq: usize, hkv: usize, mask: Mask) -> AttentionProblem {
         AttentionProblem::new(
-            RaggedBatch::from_lens(lens),
+            RaggedBatch::from_lens(lens).unwrap(),
             hq,
             hkv,
             HeadDims::equal(128).unwrap(),

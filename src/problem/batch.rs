@@ -13,26 +13,41 @@ pub struct RaggedBatch {
 }
 
 impl RaggedBatch {
-    /// One request of `qo_len` queries over `kv_len` keys.
-    pub fn single(qo_len: usize, kv_len: usize) -> RaggedBatch {
-        RaggedBatch {
-            qo_indptr: vec![0, qo_len as i32],
-            kv_indptr: vec![0, kv_len as i32],
-        }
+    /// One request of `qo_len` queries over `kv_len` keys; an error if a length does not fit
+    /// the kernels' 32-bit token indices.
+    pub fn single(qo_len: usize, kv_len: usize) -> Result<RaggedBatch, InvalidProblem> {
+        RaggedBatch::from_lens(&[(qo_len, kv_len)])
     }
 
-    /// A batch from per-request `(qo_len, kv_len)` pairs.
-    pub fn from_lens(lens: &[(usize, usize)]) -> RaggedBatch {
+    /// A batch from per-request `(qo_len, kv_len)` pairs; an error naming the first request
+    /// whose running total of query or key tokens does not fit the kernels' 32-bit token indices
+    /// (`i32::MAX`).
+    pub fn from_lens(lens: &[(usize, usize)]) -> Result<RaggedBatch, InvalidProblem> {
         let mut qo_indptr = vec![0i32];
         let mut kv_indptr = vec![0i32];
-        for &(q, k) in lens {
-            qo_indptr.push(qo_indptr.last().unwrap_or(&0) + q as i32);
-            kv_indptr.push(kv_indptr.last().unwrap_or(&0) + k as i32);
+        let mut totals = (0usize, 0usize);
+        for (r, &(q, k)) in lens.iter().enumerate() {
+            totals = (totals.0.saturating_add(q), totals.1.saturating_add(k));
+            for (name, total, indptr) in [
+                ("qo_indptr", totals.0, &mut qo_indptr),
+                ("kv_indptr", totals.1, &mut kv_indptr),
+            ] {
+                let end = i32::try_from(total).map_err(|_| {
+                    InvalidProblem::new(
+                        name,
+                        format!(
+                            "request {r} brings the batch to {total} tokens, more than the {} that 32-bit token indices hold",
+                            i32::MAX
+                        ),
+                    )
+                })?;
+                indptr.push(end);
+            }
         }
-        RaggedBatch {
+        Ok(RaggedBatch {
             qo_indptr,
             kv_indptr,
-        }
+        })
     }
 
     /// Number of requests.

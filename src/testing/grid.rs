@@ -327,7 +327,8 @@ impl Point {
         let mut rng = SplitMix64::with_salt(seed, 0x6a1d);
         let (hq, hkv) = self.heads;
         AttentionProblem::new(
-            RaggedBatch::from_lens(&self.lens),
+            // The grid's batches are a few thousand tokens: far inside 32-bit indices.
+            RaggedBatch::from_lens(&self.lens).expect("grid batches fit 32-bit token indices"),
             hq,
             hkv,
             self.head_dims,

@@ -512,9 +512,15 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
         .find(|d| caps.dtypes.contains(d));
     if let (Some(dt), Some(hd)) = (fused_dtype, dims(d, d)) {
         let row = (hq + 2 * hkv) * d;
-        let mut p = AttentionProblem::new(RaggedBatch::from_lens(&lens), hq, hkv, hd, dt)
-            .with_mask(MaskSpec::Causal.build(&lens, &mut rng))
-            .with_variant(VariantSpec::Alibi.build(hq, &mut rng));
+        let mut p = AttentionProblem::new(
+            RaggedBatch::from_lens(&lens).expect("targeted cases are small"),
+            hq,
+            hkv,
+            hd,
+            dt,
+        )
+        .with_mask(MaskSpec::Causal.build(&lens, &mut rng))
+        .with_variant(VariantSpec::Alibi.build(hq, &mut rng));
         p.q_view = TensorView {
             offset: 0,
             token_stride: row,
@@ -551,8 +557,14 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             token_stride: heads * (dim + VIEW_PAD) + VIEW_PAD,
             head_stride: dim + VIEW_PAD,
         };
-        let mut p = AttentionProblem::new(RaggedBatch::from_lens(&lens), hq, hkv, hd, DType::Bf16)
-            .with_mask(MaskSpec::Window(5).build(&lens, &mut rng));
+        let mut p = AttentionProblem::new(
+            RaggedBatch::from_lens(&lens).expect("targeted cases are small"),
+            hq,
+            hkv,
+            hd,
+            DType::Bf16,
+        )
+        .with_mask(MaskSpec::Window(5).build(&lens, &mut rng));
         // Odd offsets where the backend allows them, the smallest aligned ones otherwise.
         let align = caps.view_alignment;
         p.q_view = padded(hq, hd.qk(), 3 * align);
@@ -577,11 +589,17 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
     };
     if let (true, Some(hd)) = (caps.supports(f16_qk16), dims(64, 64)) {
         let lens = [(9usize, 40usize)];
-        let p = AttentionProblem::new(RaggedBatch::from_lens(&lens), 8, 1, hd, DType::F16)
-            .with_qk_accum(QkAccum::F16)
-            .with_sm_scale(1.0)
-            .with_mask(Mask::Causal)
-            .with_variant(VariantSpec::SoftCap(SOFT_CAPS[1]).build(8, &mut rng));
+        let p = AttentionProblem::new(
+            RaggedBatch::from_lens(&lens).expect("targeted cases are small"),
+            8,
+            1,
+            hd,
+            DType::F16,
+        )
+        .with_qk_accum(QkAccum::F16)
+        .with_sm_scale(1.0)
+        .with_mask(Mask::Causal)
+        .with_variant(VariantSpec::SoftCap(SOFT_CAPS[1]).build(8, &mut rng));
         out.push(Case {
             name: format!(
                 "f16/qk16/d64/causal/softcap2/g8kv1/{}/sm-scale-1",

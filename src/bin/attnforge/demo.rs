@@ -49,25 +49,14 @@ struct DemoCase {
 
 fn demo_cases(dtype: DType) -> Result<Vec<DemoCase>, String> {
     let dims = |d| HeadDims::equal(d).map_err(|e| e.to_string());
-    let llama = AttentionProblem::new(
-        RaggedBatch::single(TOKENS, TOKENS),
-        32,
-        8,
-        dims(128)?,
-        dtype,
-    )
-    .with_mask(Mask::Causal);
-    let gemma = AttentionProblem::new(
-        RaggedBatch::single(TOKENS, TOKENS),
-        16,
-        8,
-        dims(256)?,
-        dtype,
-    )
-    .with_mask(Mask::Causal)
-    .with_variant(Variant::SoftCap {
-        cap: GEMMA2_SOFT_CAP,
-    });
+    let batch = RaggedBatch::single(TOKENS, TOKENS).map_err(|e| e.to_string())?;
+    let llama =
+        AttentionProblem::new(batch.clone(), 32, 8, dims(128)?, dtype).with_mask(Mask::Causal);
+    let gemma = AttentionProblem::new(batch, 16, 8, dims(256)?, dtype)
+        .with_mask(Mask::Causal)
+        .with_variant(Variant::SoftCap {
+            cap: GEMMA2_SOFT_CAP,
+        });
     Ok(vec![
         DemoCase {
             name: "llama3-8b prefill",
