@@ -7,12 +7,12 @@
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
 
 use crate::compare::{compare, compare_rows, Comparison, Tolerance};
-use crate::merge::{merge_many, MergeShape};
+use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::reference::{self, ReferenceOutput};
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, Case, MergeCase, PagedRun};
+use crate::testing::{merge_expected, BackendCaps, Case, MergeCase, PagedRun};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -200,29 +200,15 @@ pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
     }
 }
 
-/// Runs one merge case: the backend's merge against [`merge_many`] in f64 on the same stored
-/// values, with the tolerance of the case's dtype.
+/// Runs one merge case: the backend's merge against [`merge_expected`] (f64, on the same stored
+/// values), with the tolerance of the case's dtype.
 pub fn run_merge_case(backend: &dyn Backend, case: &MergeCase) -> CaseResult {
     let states = case.inputs();
     let start = Instant::now();
     let out = backend.merge_states(case.shape, &states);
     let backend_time = start.elapsed();
-    let wide: Vec<(Vec<f64>, Vec<f64>)> = states
-        .iter()
-        .map(|(o, lse)| {
-            (
-                o.to_f32_vec().into_iter().map(f64::from).collect(),
-                lse.iter().map(|&x| f64::from(x)).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(&[f64], &[f64])> = wide.iter().map(|(o, l)| (&o[..], &l[..])).collect();
     let outcome = out.map_err(|e| e.to_string()).and_then(|(o, lse)| {
-        let (ref_o, ref_lse) = merge_many(case.shape, &views).map_err(|e| e.to_string())?;
-        let expected = ReferenceOutput {
-            o: ref_o,
-            lse: ref_lse,
-        };
+        let expected = merge_expected(case.shape, &states).map_err(|e| e.to_string())?;
         Ok(compare(&AttentionOutput { o, lse: Some(lse) }, &expected))
     });
     let passed = outcome

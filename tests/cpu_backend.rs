@@ -336,23 +336,8 @@ fn the_merge_cases_pass_on_the_cpu_and_a_leaking_empty_state_would_fail() {
     let mut values = o.to_f32_vec();
     values[empty_item * case.shape.head_dim] = leaked;
     o = attnforge::HostTensor::from_f32(o.dtype(), &values);
-    let wide: Vec<(Vec<f64>, Vec<f64>)> = states
-        .iter()
-        .map(|(o, l)| {
-            (
-                o.to_f32_vec().into_iter().map(f64::from).collect(),
-                l.iter().map(|&x| f64::from(x)).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(&[f64], &[f64])> = wide.iter().map(|(o, l)| (&o[..], &l[..])).collect();
-    let (ref_o, ref_lse) = attnforge::merge::merge_many(case.shape, &views).unwrap();
-    let c = attnforge::compare::compare(
-        &attnforge::AttentionOutput { o, lse: Some(lse) },
-        &attnforge::reference::ReferenceOutput {
-            o: ref_o,
-            lse: ref_lse,
-        },
-    );
+    let expected = attnforge::testing::merge_expected(case.shape, &states).unwrap();
+    let c =
+        attnforge::compare::compare(&attnforge::AttentionOutput { o, lse: Some(lse) }, &expected);
     assert_eq!(c.empty_row_violations, 1, "{c}");
 }

@@ -12,7 +12,9 @@
 use super::rng::SplitMix64;
 use super::Suite;
 use crate::dtype::DType;
-use crate::merge::MergeShape;
+use crate::merge::{merge_many, MergeShape};
+use crate::problem::InvalidProblem;
+use crate::reference::ReferenceOutput;
 use crate::tensor::HostTensor;
 
 /// One merge case.
@@ -34,6 +36,26 @@ pub struct MergeCase {
 const SALT_MERGE: u64 = 0x3e79e;
 /// What a state that saw no key holds in `o` (it must not reach the result).
 const EMPTY_STATE_O: f32 = 1000.0;
+
+/// The exact merge (f64, [`merge_many`]) of `states` as stored (each `o` widened from its
+/// dtype): what a backend's merge is judged against.
+pub fn merge_expected(
+    shape: MergeShape,
+    states: &[(HostTensor, Vec<f32>)],
+) -> Result<ReferenceOutput, InvalidProblem> {
+    let wide: Vec<(Vec<f64>, Vec<f64>)> = states
+        .iter()
+        .map(|(o, lse)| {
+            (
+                o.to_f32_vec().into_iter().map(f64::from).collect(),
+                lse.iter().map(|&x| f64::from(x)).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(&[f64], &[f64])> = wide.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+    let (o, lse) = merge_many(shape, &views)?;
+    Ok(ReferenceOutput { o, lse })
+}
 
 impl MergeCase {
     /// The states: `(o, lse)` per state.

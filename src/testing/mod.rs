@@ -25,7 +25,7 @@ pub mod rng;
 
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
-pub use merge::{merge_cases, MergeCase};
+pub use merge::{merge_cases, merge_expected, MergeCase};
 pub use paged::{PagedCase, PagedInputs, PagedRun};
 
 use crate::compare::Tolerance;
