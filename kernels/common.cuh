@@ -3,7 +3,7 @@
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, exp2_approx, log2_approx,
-// rcp_approx, tanh_accurate, neg_inf, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E and LN2.
+// rcp_approx, softcap_tanh, tanh_accurate, neg_inf, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -100,13 +100,28 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return r;
 }
 
-// tanh with absolute error near 1e-7 (tanh.approx.f32 has a relative error of 2^-11, too coarse
-// for a soft-cap of 50: it would move logits by 0.02). tanh(x) = 1 - 2 / (exp(2x) + 1).
-__device__ __forceinline__ float tanh_accurate(float x) {
-  float e = exp2_approx(fminf(fabsf(x) * (2.0f * LOG2E), 126.0f));
-  float t = 1.0f - 2.0f * rcp_approx(e + 1.0f);
-  return copysignf(t, x);
+// cap * tanh(s / cap) for cap > 0 with a single MUFU operation (ex2); `exp2_scale` is
+// -2 * LOG2E / cap. tanh.approx.f32 is one MUFU operation too, but its relative error of 2^-11
+// would move logits by up to 0.02 at cap 50; an ex2 followed by rcp.approx costs two.
+// With u = exp(-2|s| / cap) in [0, 1]: cap * tanh(|s| / cap) = cap * (R - 1), R = 2 / (1 + u)
+// in [1, 2]. R comes from the FMA pipe instead of rcp: a cubic seed R0(u) (relative minimax
+// error 1.7e-3 over u in [0, 1]) and one third-order correction R = R0 (1 + e + e^2) with the
+// residual e = 1 - (1 + u) R0 / 2, which leaves a relative error e^3 < 6e-9. Absolute error of
+// the result, emulated in f32 over |s| <= 200 cap: 2.2e-7 * cap with correctly rounded ex2,
+// 2.7e-7 * cap at ex2's 2-ulp bound (docs/perf-notes.md).
+// Edge cases: for |s| > ~44 cap (and +-inf), ex2 flushes u to 0 and the result is +-cap;
+// s = +-0 gives 0; NaN stays NaN. 10 FMA/ALU-pipe instructions and one MUFU per call.
+__device__ __forceinline__ float softcap_tanh(float s, float cap, float exp2_scale) {
+  const float u = exp2_approx(fabsf(s) * exp2_scale);
+  const float r0 = fmaf(fmaf(fmaf(-0.443674177f, u, 1.3310225f), u, -1.88561523f), u, 1.99653375f);
+  const float e = fmaf(fmaf(u, -0.5f, -0.5f), r0, 1.0f);
+  const float r = fmaf(r0, fmaf(e, e, e), r0);
+  const float c = copysignf(cap, s);
+  return fmaf(r, c, -c);
 }
+
+// tanh with absolute error near 2e-7 (the soft-cap formula above with cap 1).
+__device__ __forceinline__ float tanh_accurate(float x) { return softcap_tanh(x, 1.0f, -2.0f * LOG2E); }
 
 // Max and sum over the 32 lanes of a warp (every lane gets the result).
 __device__ __forceinline__ float warp_max(float x) {

@@ -40,8 +40,8 @@ fn built_in_variants_render_their_hooks() {
 
     let softcap = with_variant(VariantSpec::SoftCap);
     assert!(softcap.contains("constexpr bool VARIANT_HAS_TRANSFORM = true;"));
-    assert!(softcap.contains("params.soft_cap * tanh_accurate(s * params.inv_soft_cap)"));
-    assert!(softcap.contains("float soft_cap;") && softcap.contains("float inv_soft_cap;"));
+    assert!(softcap.contains("softcap_tanh(s, params.soft_cap, params.softcap_exp2_scale)"));
+    assert!(softcap.contains("float soft_cap;") && softcap.contains("float softcap_exp2_scale;"));
 
     let alibi = with_variant(VariantSpec::Alibi);
     assert!(alibi.contains("const float* alibi_slopes;"));

@@ -11,8 +11,10 @@ use crate::jit::SnippetSpan;
 use crate::problem::{CudaVariantSource, ParamType, ParamValue, Variant};
 use std::fmt::Write;
 
-/// Body of the soft-cap transform (`tanh_accurate` is in common.cuh).
-const SOFTCAP_TRANSFORM: &str = "return params.soft_cap * tanh_accurate(s * params.inv_soft_cap);";
+/// Body of the soft-cap transform (`softcap_tanh` is in common.cuh; `softcap_exp2_scale` is
+/// `-2 * LOG2E / soft_cap`, see [`param_values`]).
+const SOFTCAP_TRANSFORM: &str =
+    "return softcap_tanh(s, params.soft_cap, params.softcap_exp2_scale);";
 /// Body of the ALiBi transform: the key's distance to the query's position, times the slope.
 const ALIBI_TRANSFORM: &str =
     "return s + params.alibi_slopes[qo_head] * static_cast<float>(kv_idx - (qo_idx + kv_len - qo_len));";
@@ -53,7 +55,7 @@ impl VariantCode {
                 None,
                 &[
                     ("soft_cap", ParamType::F32),
-                    ("inv_soft_cap", ParamType::F32),
+                    ("softcap_exp2_scale", ParamType::F32),
                 ],
             ),
             VariantSpec::Alibi => builtin(
@@ -81,11 +83,20 @@ fn custom(source: &CudaVariantSource) -> VariantCode {
 pub fn param_values(variant: &Variant) -> Vec<ParamValue> {
     match variant {
         Variant::None => Vec::new(),
-        Variant::SoftCap { cap } => vec![ParamValue::F32(*cap), ParamValue::F32(1.0 / cap)],
+        Variant::SoftCap { cap } => vec![
+            ParamValue::F32(*cap),
+            ParamValue::F32(softcap_exp2_scale(*cap)),
+        ],
         Variant::Alibi { slopes } => vec![ParamValue::F32Array(slopes.clone())],
         Variant::Sinks { sinks } => vec![ParamValue::F32Array(sinks.clone())],
         Variant::Custom(c) => c.param_values.clone(),
     }
+}
+
+/// The soft-cap's second parameter: `-2 * LOG2E / cap`, rounded once from f64, so that
+/// `exp2(|s| * scale)` is `exp(-2 |s| / cap)` (the kernel's `softcap_tanh`).
+fn softcap_exp2_scale(cap: f32) -> f32 {
+    (-2.0 * std::f64::consts::LOG2_E / f64::from(cap)) as f32
 }
 
 /// Appends one hook: signature, `#line` so errors name the snippet, body, closing brace, and a
