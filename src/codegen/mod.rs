@@ -21,7 +21,7 @@ pub use fixed::{
 pub use params::{AppendParams, MergeParams, ParamBlockLayout, PrefillParams, VariantLayout};
 pub use reference::{
     reference_matrix, render_reference, ReferenceSpec, RenderedReference, REFERENCE_ROWS_PER_CTA,
-    REFERENCE_THREADS,
+    REFERENCE_SPILL_BUDGET_BYTES, REFERENCE_THREADS,
 };
 pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
 pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};

@@ -70,6 +70,11 @@ impl ReferenceSpec {
     }
 }
 
+/// Register spill bytes a reference kernel may have: ptxas keeps a few bytes of stack around the
+/// IEEE division and math-library slow paths on some architectures (4 bytes measured on sm_80);
+/// the kernel is not timed, so only a large spill (a sign of a wrong kernel) is refused.
+pub const REFERENCE_SPILL_BUDGET_BYTES: u32 = 64;
+
 /// A rendered reference kernel.
 #[derive(Clone, Debug)]
 pub struct RenderedReference {
@@ -81,6 +86,8 @@ pub struct RenderedReference {
     pub snippets: Vec<SnippetSpan>,
     /// Layout of the kernel's single parameter (the prefill kernels' block).
     pub params: ParamBlockLayout,
+    /// Register spill bytes this kernel is declared to allow ([`REFERENCE_SPILL_BUDGET_BYTES`]).
+    pub spill_budget_bytes: u32,
 }
 
 /// Renders `spec` into CUDA source: the templates, the spec constants, the variant block and the
@@ -129,6 +136,7 @@ pub fn render_reference(spec: &ReferenceSpec) -> RenderedReference {
         entry,
         snippets,
         params: layout,
+        spill_budget_bytes: REFERENCE_SPILL_BUDGET_BYTES,
     }
 }
 
