@@ -1,7 +1,9 @@
 //! Prints the rendered CUDA source of one kernel of the compile matrix, the first whose name
 //! contains FILTER, optionally with its tile replaced (for reading resource use while tuning).
 //! The kernels without specialisation are printed when FILTER names their entry exactly
-//! (`attnforge_append_paged_kv`, `attnforge_merge_states`).
+//! (`attnforge_append_paged_kv`, `attnforge_merge_states`); the GPU reference kernels when FILTER
+//! starts with `attnforge_reference` (the first of `codegen::reference_matrix` whose name
+//! contains it).
 //! Usage: `cargo run --example render_kernel -- FILTER [TILE]`
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -14,6 +16,17 @@ fn main() {
             print!("{}", fixed.source);
             return;
         }
+    }
+    if filter.starts_with("attnforge_reference") {
+        let matrix = attnforge::codegen::reference_matrix();
+        match matrix.iter().find(|s| s.name().contains(&filter)) {
+            Some(spec) => print!("{}", attnforge::codegen::render_reference(spec).source),
+            None => {
+                eprintln!("no reference kernel matches {filter:?}");
+                std::process::exit(1);
+            }
+        }
+        return;
     }
     let tile = args
         .next()

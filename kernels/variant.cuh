@@ -12,7 +12,9 @@
 // `s` is always the scaled logit as a float (sm_scale * q.k), whatever the QK accumulation type:
 // kernels widen an f16 accumulator exactly before the call, so a variant never meets a half.
 // Indices are local to the request (0 <= qo_idx < qo_len, 0 <= kv_idx < kv_len).
-// This file turns the hooks into the base-2 logits the online softmax works with.
+// This file turns the hooks into the logits the fast kernels' online softmax works with
+// (variant_logit) and into the plain natural logits and visibility the reference kernel uses
+// (variant_transform, variant_visible).
 // Requires: common.cuh and the rendered variant.
 
 // Logit of one element in the units the online softmax takes; the softmax multiplies by its
@@ -24,5 +26,26 @@ __device__ __forceinline__ float variant_logit(const VariantParams& params, floa
     return logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else {
     return acc;
+  }
+}
+
+// The natural-log logit t = transform(s) of one element, `s` the scaled logit (a variant without
+// a transform returns s): the form the reference kernel works with.
+__device__ __forceinline__ float variant_transform(const VariantParams& params, float s, int qo_idx, int kv_idx,
+                                                   int qo_head, int kv_head, int qo_len, int kv_len) {
+  if constexpr (VARIANT_HAS_TRANSFORM) {
+    return logits_transform(params, s, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+  } else {
+    return s;
+  }
+}
+
+// Whether the variant's own mask lets the key through (always, for a variant without one).
+__device__ __forceinline__ bool variant_visible(const VariantParams& params, int qo_idx, int kv_idx, int qo_head,
+                                                int kv_head, int qo_len, int kv_len) {
+  if constexpr (VARIANT_HAS_MASK) {
+    return logits_mask(params, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+  } else {
+    return true;
   }
 }

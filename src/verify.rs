@@ -5,12 +5,19 @@
 //! output buffers with NaN first), the reference computes the exact rows (all rows of small
 //! problems, a spread sample of large ones), and [`crate::compare`] decides with the case's
 //! tolerance. Nothing is skipped silently: a backend error is a failed case with its message.
+//!
+//! A backend may bring a full reference of its own ([`Backend::full_reference`]; the CUDA
+//! backend: the GPU reference kernel). Then a large case is judged on every row against it (the
+//! case's tolerance), and its sampled rows still against the exact reference, both the output's
+//! (the case's tolerance) and the full reference's ([`Tolerance::gpu_reference`]); every other
+//! case checks the full reference against the exact one on all rows, so a wrong full reference
+//! fails the suite. The judgements besides the main one are in [`CaseResult::also`].
 
 use crate::compare::{compare, compare_rows, Comparison, Tolerance};
 use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
-use crate::reference::{self, ReferenceOutput};
+use crate::reference::{self, ReferenceOutput, RowOutput};
 use crate::tensor::HostTensor;
 use crate::testing::{merge_expected, BackendCaps, Case, MergeCase, PagedRun};
 use crate::{AttentionOutput, Error};
@@ -54,6 +61,19 @@ pub trait Backend {
         tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
     ) -> Result<AttentionOutput, Error>;
+    /// The whole problem computed by an independent reference of the backend's own, for the
+    /// cases too large for the f64 reference (see the module doc); `None` (the default) when the
+    /// backend has none. The CUDA backend runs the GPU reference kernel.
+    fn full_reference(
+        &self,
+        problem: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Option<Result<AttentionOutput, Error>> {
+        let _ = (problem, q, k, v);
+        None
+    }
     /// Merges partial states of one `shape` (each `o [rows, heads, head_dim]` in one dtype with
     /// its f32 `lse [rows, heads]`) into one; returns the merged `(o, lse)`.
     fn merge_states(
@@ -72,14 +92,37 @@ pub struct CaseResult {
     pub outcome: Result<Comparison, String>,
     /// Whether it passed.
     pub passed: bool,
-    /// Whether only sampled rows were compared.
-    pub sampled: bool,
+    /// What `outcome` compared the output with.
+    pub oracle: Oracle,
     /// Further judgements of the same case, each with its label and verdict: a split-pair case
     /// ([`PagedRun::OppositeSplit`]) judges its planned run against the reference and the two
-    /// runs against each other.
+    /// runs against each other; with a backend's full reference, the full reference against the
+    /// exact one and (large cases) the output's sampled rows against the exact reference.
     pub also: Vec<(String, Result<Comparison, String>, bool)>,
     /// Time of the backend's run.
     pub backend_time: Duration,
+}
+
+/// What a case's main judgement compared the output with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Oracle {
+    /// The exact (f64) reference, every row.
+    Exact,
+    /// The exact reference on a spread sample of rows (a large case, no full reference).
+    ExactSampled,
+    /// The backend's full reference ([`Backend::full_reference`]), every row (a large case).
+    FullReference,
+}
+
+impl Oracle {
+    /// A few words for reports (empty for the exact reference on every row).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Oracle::Exact => "",
+            Oracle::ExactSampled => "sampled rows",
+            Oracle::FullReference => "all rows vs the GPU reference",
+        }
+    }
 }
 
 /// Totals of a run.
@@ -110,29 +153,52 @@ fn reference_work(p: &AttentionProblem) -> usize {
         * (p.head_dims.qk() + p.head_dims.vo())
 }
 
-/// The comparison of `out` with the reference of `case`: all rows, or a spread sample of a large
-/// problem (`sampled`).
-fn judge(
+/// What an output is compared with: a whole output, or sampled rows `(token, head)` of it.
+enum Expected {
+    All(ReferenceOutput),
+    Rows(Vec<(usize, usize)>, Vec<RowOutput>),
+}
+
+/// The exact reference of `case`: every row, or a spread sample of a large problem (`sampled`).
+fn exact_reference(
     case: &Case,
     (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
-    out: Result<AttentionOutput, Error>,
     sampled: bool,
-) -> Result<Comparison, String> {
-    let out = out.map_err(|e| e.to_string())?;
+) -> Result<Expected, String> {
     if sampled {
         let rows = sample_rows(&case.problem, SAMPLED_ROWS);
         let expected =
             reference::attention_rows(&case.problem, q, k, v, &rows).map_err(|e| e.to_string())?;
-        Ok(compare_rows(
-            &out,
-            case.problem.num_qo_heads,
-            &rows,
-            &expected,
-        ))
+        Ok(Expected::Rows(rows, expected))
     } else {
         let expected = reference::attention(&case.problem, q, k, v).map_err(|e| e.to_string())?;
-        Ok(compare(&out, &expected))
+        Ok(Expected::All(expected))
     }
+}
+
+/// The comparison of `out` with `expected` (either side may have failed to exist).
+fn judge(
+    case: &Case,
+    out: Result<&AttentionOutput, &str>,
+    expected: Result<&Expected, &str>,
+) -> Result<Comparison, String> {
+    let out = out.map_err(str::to_string)?;
+    Ok(match expected.map_err(str::to_string)? {
+        Expected::All(all) => compare(out, all),
+        Expected::Rows(rows, expected) => {
+            compare_rows(out, case.problem.num_qo_heads, rows, expected)
+        }
+    })
+}
+
+/// A judgement with its verdict under `tolerance`.
+fn verdict(
+    label: &str,
+    comparison: Result<Comparison, String>,
+    tolerance: &Tolerance,
+) -> (String, Result<Comparison, String>, bool) {
+    let passed = comparison.as_ref().is_ok_and(|c| c.passes(tolerance));
+    (label.to_string(), comparison, passed)
 }
 
 /// Output `b` as the expected side of a comparison with output `a`.
@@ -159,6 +225,11 @@ fn split_pair_tolerance(case: &Case) -> Tolerance {
 
 /// Runs one case.
 pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
+    run_case_with_limit(backend, case, FULL_REFERENCE_LIMIT)
+}
+
+/// [`run_case`] with the reference work above which a case counts as large.
+fn run_case_with_limit(backend: &dyn Backend, case: &Case, limit: usize) -> CaseResult {
     let (q, k, v) = case.inputs();
     let paged = case.paged_inputs(&k, &v).transpose();
     let run = case.paged.map_or(PagedRun::Direct, |p| p.run);
@@ -168,33 +239,77 @@ pub fn run_case(backend: &dyn Backend, case: &Case) -> CaseResult {
         Err(e) => Err(Error::InvalidProblem(e.clone())),
     };
     let start = Instant::now();
-    let out = run_as(run);
+    let out = run_as(run).map_err(|e| e.to_string());
     let backend_time = start.elapsed();
-    let sampled = reference_work(&case.problem) > FULL_REFERENCE_LIMIT;
+    let sampled = reference_work(&case.problem) > limit;
     let tolerance = case.tolerance();
+    let exact = exact_reference(case, (&q, &k, &v), sampled);
+    let full = backend
+        .full_reference(&case.problem, &q, &k, &v)
+        .map(|r| r.map_err(|e| format!("gpu reference: {e}")));
     let mut also = Vec::new();
+    // The main oracle: the full reference on every row of a large case, else the exact one.
+    let full_expected = match (&full, sampled) {
+        (Some(f), true) => Some(
+            f.as_ref()
+                .map(|o| Expected::All(as_expected(o)))
+                .map_err(String::clone),
+        ),
+        _ => None,
+    };
+    let (oracle, expected) = match &full_expected {
+        Some(f) => (Oracle::FullReference, f.as_ref().map_err(String::as_str)),
+        None if sampled => (Oracle::ExactSampled, exact.as_ref().map_err(String::as_str)),
+        None => (Oracle::Exact, exact.as_ref().map_err(String::as_str)),
+    };
+    if let Some(f) = &full {
+        let f = f.as_ref().map_err(String::as_str);
+        let exact = exact.as_ref().map_err(String::as_str);
+        let gpu_tolerance = Tolerance::gpu_reference();
+        if sampled {
+            also.push(verdict(
+                "sampled rows vs f64 reference",
+                judge(case, out.as_ref().map_err(String::as_str), exact),
+                &tolerance,
+            ));
+            also.push(verdict(
+                "gpu reference, sampled rows vs f64 reference",
+                judge(case, f, exact),
+                &gpu_tolerance,
+            ));
+        } else {
+            also.push(verdict(
+                "gpu reference vs f64 reference",
+                judge(case, f, exact),
+                &gpu_tolerance,
+            ));
+        }
+    }
     if run == PagedRun::OppositeSplit {
-        let planned = run_as(PagedRun::Direct);
+        let planned = run_as(PagedRun::Direct).map_err(|e| e.to_string());
         let pair = match (&out, &planned) {
             (Ok(a), Ok(b)) => Ok(compare(a, &as_expected(b))),
-            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+            (Err(e), _) | (_, Err(e)) => Err(e.clone()),
         };
-        let pair_passed = pair
-            .as_ref()
-            .is_ok_and(|c| c.passes(&split_pair_tolerance(case)));
-        let planned = judge(case, (&q, &k, &v), planned, sampled);
-        let planned_passed = planned.as_ref().is_ok_and(|c| c.passes(&tolerance));
-        also.push(("planned split vs reference".into(), planned, planned_passed));
-        also.push(("opposite split vs planned".into(), pair, pair_passed));
+        also.push(verdict(
+            "planned split vs reference",
+            judge(case, planned.as_ref().map_err(String::as_str), expected),
+            &tolerance,
+        ));
+        also.push(verdict(
+            "opposite split vs planned",
+            pair,
+            &split_pair_tolerance(case),
+        ));
     }
-    let outcome = judge(case, (&q, &k, &v), out, sampled);
+    let outcome = judge(case, out.as_ref().map_err(String::as_str), expected);
     let passed =
         outcome.as_ref().is_ok_and(|c| c.passes(&tolerance)) && also.iter().all(|(_, _, ok)| *ok);
     CaseResult {
         name: case.name.clone(),
         outcome,
         passed,
-        sampled,
+        oracle,
         backend_time,
         also,
     }
@@ -218,7 +333,7 @@ pub fn run_merge_case(backend: &dyn Backend, case: &MergeCase) -> CaseResult {
         name: case.name.clone(),
         outcome,
         passed,
-        sampled: false,
+        oracle: Oracle::Exact,
         backend_time,
         also: Vec::new(),
     }
@@ -241,4 +356,140 @@ pub fn run_cases(
         report(&result);
     }
     summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuBackend;
+    use crate::dtype::DType;
+    use crate::testing::{cases, BackendCaps, Suite};
+
+    /// The CPU backend with a "full reference" that is the exact reference rounded to f32, its
+    /// `o` scaled by `1 + error` (0: a correct full reference).
+    struct WithFullReference {
+        cpu: CpuBackend,
+        error: f32,
+    }
+
+    impl Backend for WithFullReference {
+        fn name(&self) -> &'static str {
+            "cpu+full"
+        }
+        fn describe(&self) -> String {
+            self.cpu.describe()
+        }
+        fn caps(&self) -> BackendCaps {
+            self.cpu.caps()
+        }
+        fn run(
+            &self,
+            p: &AttentionProblem,
+            q: &HostTensor,
+            k: &HostTensor,
+            v: &HostTensor,
+        ) -> Result<AttentionOutput, Error> {
+            self.cpu.run(p, q, k, v)
+        }
+        fn full_reference(
+            &self,
+            p: &AttentionProblem,
+            q: &HostTensor,
+            k: &HostTensor,
+            v: &HostTensor,
+        ) -> Option<Result<AttentionOutput, Error>> {
+            Some(
+                reference::attention(p, q, k, v)
+                    .map(|r| {
+                        let o: Vec<f32> =
+                            r.o.iter().map(|&x| x as f32 * (1.0 + self.error)).collect();
+                        AttentionOutput {
+                            o: HostTensor::from_f32(DType::F32, &o),
+                            lse: Some(r.lse.iter().map(|&x| x as f32).collect()),
+                        }
+                    })
+                    .map_err(Error::from),
+            )
+        }
+        fn run_paged(
+            &self,
+            p: &PagedAttention,
+            q: &HostTensor,
+            cache: PagedKv<'_>,
+            tokens: (&HostTensor, &HostTensor),
+            run: PagedRun,
+        ) -> Result<AttentionOutput, Error> {
+            self.cpu.run_paged(p, q, cache, tokens, run)
+        }
+        fn merge_states(
+            &self,
+            shape: MergeShape,
+            states: &[(HostTensor, Vec<f32>)],
+        ) -> Result<(HostTensor, Vec<f32>), Error> {
+            self.cpu.merge_states(shape, states)
+        }
+    }
+
+    /// A small ragged f16 case of the quick suite.
+    fn small_case() -> Case {
+        cases(Suite::Quick, 1, &BackendCaps::cpu())
+            .into_iter()
+            .find(|c| c.paged.is_none() && c.problem.input_dtype == DType::F16)
+            .expect("the quick suite has a ragged f16 case")
+    }
+
+    fn labels(r: &CaseResult) -> Vec<(&str, bool)> {
+        r.also.iter().map(|(l, _, ok)| (l.as_str(), *ok)).collect()
+    }
+
+    #[test]
+    fn a_large_case_is_judged_on_all_rows_by_the_full_reference_and_sampled_by_the_exact_one() {
+        let backend = WithFullReference {
+            cpu: CpuBackend::detect(),
+            error: 0.0,
+        };
+        let r = run_case_with_limit(&backend, &small_case(), 0);
+        assert_eq!(r.oracle, Oracle::FullReference);
+        assert!(r.passed, "{r:?}");
+        let case = small_case();
+        let all_rows = case.problem.batch.total_qo() * case.problem.num_qo_heads;
+        assert_eq!(r.outcome.as_ref().unwrap().rows, all_rows);
+        let sampled = r.also[0].1.as_ref().unwrap().rows;
+        assert_eq!(sampled, SAMPLED_ROWS.min(all_rows));
+        assert_eq!(
+            labels(&r),
+            [
+                ("sampled rows vs f64 reference", true),
+                ("gpu reference, sampled rows vs f64 reference", true)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_wrong_full_reference_fails_large_and_small_cases() {
+        let backend = WithFullReference {
+            cpu: CpuBackend::detect(),
+            error: 1e-3,
+        };
+        let case = small_case();
+        let large = run_case_with_limit(&backend, &case, 0);
+        assert!(!large.passed);
+        assert!(!large.also[1].2, "{large:?}");
+        let small = run_case_with_limit(&backend, &case, usize::MAX);
+        assert_eq!(small.oracle, Oracle::Exact);
+        assert!(small.outcome.as_ref().unwrap().passes(&case.tolerance()));
+        assert_eq!(labels(&small), [("gpu reference vs f64 reference", false)]);
+        assert!(!small.passed);
+    }
+
+    #[test]
+    fn without_a_full_reference_large_cases_are_sampled() {
+        let case = small_case();
+        let r = run_case_with_limit(&CpuBackend::detect(), &case, 0);
+        assert_eq!(r.oracle, Oracle::ExactSampled);
+        assert!(r.passed && r.also.is_empty(), "{r:?}");
+        let r = run_case_with_limit(&CpuBackend::detect(), &case, usize::MAX);
+        assert_eq!(r.oracle, Oracle::Exact);
+        assert!(r.passed && r.also.is_empty(), "{r:?}");
+    }
 }

@@ -3,10 +3,12 @@
 //! The CUDA templates live in `kernels/*.cuh` as real files, embedded with `include_str!`; Rust
 //! renders the small specialisation for one spec (constants, the variant block, the parameter
 //! struct, the entry point). [`compile_matrix`] lists every kernel the engine can emit, which
-//! `attnforge compile` and CI compile for each target architecture.
+//! `attnforge compile` and CI compile for each target architecture; [`reference_matrix`] lists the
+//! GPU reference kernels (`kernels/reference.cuh`), which they compile too.
 
 mod fixed;
 mod params;
+mod reference;
 mod render;
 mod spec;
 mod tile;
@@ -17,6 +19,10 @@ pub use fixed::{
     MERGE_STATES_THREADS,
 };
 pub use params::{AppendParams, MergeParams, ParamBlockLayout, PrefillParams, VariantLayout};
+pub use reference::{
+    reference_matrix, render_reference, ReferenceSpec, RenderedReference, REFERENCE_ROWS_PER_CTA,
+    REFERENCE_SPILL_BUDGET_BYTES, REFERENCE_THREADS,
+};
 pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
 pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;

@@ -14,16 +14,16 @@ use crate::problem::{MaskKind, QkAccum};
 use std::fmt::Write;
 
 /// The templates, in the order they are concatenated, with their file names.
-const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kernels/common.cuh"));
+pub(super) const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kernels/common.cuh"));
 const MMA: (&str, &str) = ("mma.cuh", include_str!("../../kernels/mma.cuh"));
 const SMEM_TILE: (&str, &str) = ("smem_tile.cuh", include_str!("../../kernels/smem_tile.cuh"));
 const KV_ROWS: (&str, &str) = ("kv_rows.cuh", include_str!("../../kernels/kv_rows.cuh"));
-const MASK: (&str, &str) = ("mask.cuh", include_str!("../../kernels/mask.cuh"));
+pub(super) const MASK: (&str, &str) = ("mask.cuh", include_str!("../../kernels/mask.cuh"));
 const ONLINE_SOFTMAX: (&str, &str) = (
     "online_softmax.cuh",
     include_str!("../../kernels/online_softmax.cuh"),
 );
-const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
+pub(super) const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
 const PREFILL: (&str, &str) = ("prefill.cuh", include_str!("../../kernels/prefill.cuh"));
 const MERGE_MATH: (&str, &str) = (
     "merge_math.cuh",
@@ -65,7 +65,7 @@ pub struct RenderedKernel {
     pub params: ParamBlockLayout,
 }
 
-fn cuda_dtype(d: DType) -> &'static str {
+pub(super) fn cuda_dtype(d: DType) -> &'static str {
     match d {
         DType::F16 => "f16_t",
         DType::Bf16 => "bf16_t",
@@ -74,7 +74,7 @@ fn cuda_dtype(d: DType) -> &'static str {
     }
 }
 
-fn mask_constant(m: MaskKind) -> &'static str {
+pub(super) fn mask_constant(m: MaskKind) -> &'static str {
     match m {
         MaskKind::None => "MASK_NONE",
         MaskKind::Causal => "MASK_CAUSAL",
@@ -84,7 +84,7 @@ fn mask_constant(m: MaskKind) -> &'static str {
 }
 
 /// Appends a template with a `#line` directive so compiler messages name the template file.
-fn template(out: &mut String, (name, text): (&str, &str)) {
+pub(super) fn template(out: &mut String, (name, text): (&str, &str)) {
     let _ = writeln!(out, "#line 1 \"{name}\"");
     out.push_str(text);
     if !text.ends_with('\n') {

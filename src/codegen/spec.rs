@@ -52,6 +52,29 @@ impl VariantSpec {
             other => other.kind().name().to_string(),
         }
     }
+
+    /// The spec of a problem's variant; an error for a custom variant without CUDA source.
+    pub fn for_variant(variant: &Variant) -> Result<VariantSpec, Error> {
+        Ok(match variant {
+            Variant::None => VariantSpec::None,
+            Variant::SoftCap { .. } => VariantSpec::SoftCap,
+            Variant::Alibi { .. } => VariantSpec::Alibi,
+            Variant::Sinks { .. } => VariantSpec::Sinks,
+            Variant::Custom(c) => match &c.cuda {
+                Some(source) => VariantSpec::Custom {
+                    name: c.name.clone(),
+                    source: source.clone(),
+                },
+                None => {
+                    return Err(Error::Unsupported {
+                        backend: "cuda",
+                        what: format!("custom variant {:?} without a CUDA snippet", c.name),
+                        supported: "custom variants that carry a CudaVariantSource".into(),
+                    })
+                }
+            },
+        })
+    }
 }
 
 /// Where a kernel reads keys and values from.
@@ -101,44 +124,30 @@ pub struct KernelSpec {
 /// The dtypes the CUDA kernels take.
 pub const CUDA_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
 
+/// Fails unless the problem's input and output dtypes are among [`CUDA_DTYPES`], saying so.
+pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error> {
+    for (what, dtype) in [
+        ("input", problem.input_dtype),
+        ("output", problem.output_dtype),
+    ] {
+        if !CUDA_DTYPES.contains(&dtype) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("{what} dtype {dtype}"),
+                supported: "f16, bf16".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl KernelSpec {
     /// The spec that runs `problem` with K/V from `kv`, with the tile [`TileConfig::choose`]
     /// picks for it. Fails when the problem needs something the generator cannot emit (f32
     /// inputs, a custom variant without CUDA source), saying what is supported.
     pub fn for_problem(problem: &AttentionProblem, kv: KvCache) -> Result<KernelSpec, Error> {
-        if !CUDA_DTYPES.contains(&problem.input_dtype) {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("input dtype {}", problem.input_dtype),
-                supported: "f16, bf16".into(),
-            });
-        }
-        if !CUDA_DTYPES.contains(&problem.output_dtype) {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("output dtype {}", problem.output_dtype),
-                supported: "f16, bf16".into(),
-            });
-        }
-        let variant = match &problem.variant {
-            Variant::None => VariantSpec::None,
-            Variant::SoftCap { .. } => VariantSpec::SoftCap,
-            Variant::Alibi { .. } => VariantSpec::Alibi,
-            Variant::Sinks { .. } => VariantSpec::Sinks,
-            Variant::Custom(c) => match &c.cuda {
-                Some(source) => VariantSpec::Custom {
-                    name: c.name.clone(),
-                    source: source.clone(),
-                },
-                None => {
-                    return Err(Error::Unsupported {
-                        backend: "cuda",
-                        what: format!("custom variant {:?} without a CUDA snippet", c.name),
-                        supported: "custom variants that carry a CudaVariantSource".into(),
-                    })
-                }
-            },
-        };
+        check_cuda_dtypes(problem)?;
+        let variant = VariantSpec::for_variant(&problem.variant)?;
         let max_packed_rows =
             problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
         let tile = TileConfig::choose(problem.head_dims, max_packed_rows);

@@ -1,11 +1,12 @@
-//! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite.
+//! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite, with the GPU reference
+//! kernel as its full reference.
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::PlanOptions;
 use super::schedule::SplitChoice;
-use crate::codegen::{self, KernelSpec, KvCache};
+use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::CompileOptions;
@@ -95,8 +96,8 @@ impl Backend for CudaBackend {
         self.engine.prefill_host(problem, q, k, v)
     }
 
-    /// Compiles the distinct kernels of `cases` on every core into the disk cache, so that the
-    /// sequential runs only load them. Without a disk cache there is nothing to keep them in,
+    /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel
+    /// of each) on every core into the disk cache, so that the sequential runs only load them. Without a disk cache there is nothing to keep them in,
     /// and each run compiles its own. A kernel that fails here fails again in its case's run,
     /// which reports it.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
@@ -113,18 +114,29 @@ impl Backend for CudaBackend {
             } else {
                 KvCache::Ragged
             };
-            let Ok(spec) = KernelSpec::for_problem(&case.problem, kv) else {
-                continue;
-            };
-            let r = codegen::render(&spec);
-            if seen.insert(r.name.clone()) {
-                jobs.push(BatchJob {
-                    name: r.name,
-                    entry: r.entry,
-                    source: r.source,
-                    snippets: r.snippets,
-                    options: options.clone(),
-                });
+            if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv) {
+                let r = codegen::render(&spec);
+                if seen.insert(r.source.clone()) {
+                    jobs.push(BatchJob {
+                        name: r.name,
+                        entry: r.entry,
+                        source: r.source,
+                        snippets: r.snippets,
+                        options: options.clone(),
+                    });
+                }
+            }
+            if let Ok(spec) = ReferenceSpec::for_problem(&case.problem) {
+                let r = codegen::render_reference(&spec);
+                if seen.insert(r.source.clone()) {
+                    jobs.push(BatchJob {
+                        name: r.entry.clone(),
+                        entry: r.entry,
+                        source: r.source,
+                        snippets: r.snippets,
+                        options: options.clone(),
+                    });
+                }
             }
         }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -146,6 +158,18 @@ impl Backend for CudaBackend {
             );
         }
         Ok(())
+    }
+
+    /// The GPU reference kernel ([`Engine::reference_attention`]) on the problem's ragged
+    /// tensors (a paged case passes the tensors its cache was built from).
+    fn full_reference(
+        &self,
+        problem: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Option<Result<AttentionOutput, Error>> {
+        Some(self.engine.reference_attention(problem, q, k, v))
     }
 
     fn run_paged(

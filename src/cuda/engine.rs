@@ -47,9 +47,9 @@ pub struct Engine {
     info: DeviceInfo,
     jit: Jit,
     kernels: Mutex<HashMap<String, Arc<LoadedKernel>>>,
-    /// The kernels without specialisation (append, public merge) by entry name, loaded on
-    /// first use.
-    fixed: Mutex<HashMap<String, (Arc<CudaModule>, CudaFunction)>>,
+    /// Single-entry modules (the kernels without specialisation: append, public merge; the
+    /// reference kernels) by JIT cache key, loaded on first use.
+    single: Mutex<HashMap<String, (Arc<CudaModule>, CudaFunction)>>,
 }
 
 impl Engine {
@@ -71,7 +71,7 @@ impl Engine {
             info,
             jit,
             kernels: Mutex::new(HashMap::new()),
-            fixed: Mutex::new(HashMap::new()),
+            single: Mutex::new(HashMap::new()),
         })
     }
 
@@ -112,30 +112,36 @@ impl Engine {
         render: fn() -> RenderedFixed,
     ) -> Result<CudaFunction, Error> {
         let rendered = render();
-        let mut loaded = self
-            .fixed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, f)) = loaded.get(&rendered.entry) {
-            return Ok(f.clone());
-        }
-        let source = KernelSource {
+        self.single_entry(&KernelSource {
             name: &rendered.entry,
             entry: &rendered.entry,
             source: &rendered.source,
             snippets: &[],
-        };
-        let compiled = self
-            .jit
-            .compile(&source, &CompileOptions::new(self.info.arch))?;
+        })
+    }
+
+    /// The one entry point of a module (a fixed kernel, a reference kernel), compiled or
+    /// fetched from the caches, and loaded once: modules are kept by the JIT's cache key, which
+    /// hashes the source, so two kernels of one name (custom variants) never share an entry.
+    pub(crate) fn single_entry(&self, source: &KernelSource<'_>) -> Result<CudaFunction, Error> {
+        let options = CompileOptions::new(self.info.arch);
+        let key = self.jit.key(source, &options).hex();
+        let mut loaded = self
+            .single
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, f)) = loaded.get(&key) {
+            return Ok(f.clone());
+        }
+        let compiled = self.jit.compile(source, &options)?;
         let module = self
             .ctx
             .load_module(Ptx::from_binary(compiled.kernel.cubin))
-            .during(format!("loading {}", rendered.entry))?;
+            .during(format!("loading {}", source.name))?;
         let function = module
-            .load_function(&rendered.entry)
-            .during(format!("finding {}", rendered.entry))?;
-        loaded.insert(rendered.entry, (module, function.clone()));
+            .load_function(source.entry)
+            .during(format!("finding {}", source.entry))?;
+        loaded.insert(key, (module, function.clone()));
         Ok(function)
     }
 

@@ -3,7 +3,7 @@
 //! Built on `cudarc`'s driver API, loaded at run time: `cargo build` needs no CUDA toolkit, and
 //! on a machine without a GPU [`Engine::new`] returns an error ([`CudaError::NoDriver`]) instead
 //! of panicking. Kernels come from `codegen` through `jit`; this layer owns what happens on the
-//! device.
+//! device. The GPU reference kernel's entry point is [`Engine::reference_attention`].
 
 mod append;
 mod backend;
@@ -15,6 +15,8 @@ mod merge;
 mod paged;
 mod plan;
 mod prefill;
+mod problem_arrays;
+mod reference;
 mod schedule;
 
 pub use append::DevicePagedKvMut;

@@ -7,12 +7,13 @@
 
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
+use super::problem_arrays::ProblemArrays;
 use super::schedule::{choose_kv_split, prefill_work, KvSplit, SplitChoice};
 use crate::codegen::{
     self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
     MERGE_THREADS,
 };
-use crate::problem::{AttentionProblem, Mask, ParamValue};
+use crate::problem::{AttentionProblem, Mask};
 use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::ffi::c_void;
@@ -97,11 +98,7 @@ pub(crate) struct KernelPlan {
     pub split: Option<KvSplit>,
     workspace: Option<Workspace>,
     work: CudaSlice<i32>,
-    qo_indptr: CudaSlice<i32>,
-    kv_indptr: CudaSlice<i32>,
-    custom_mask: Option<(CudaSlice<u8>, CudaSlice<i64>)>,
-    variant_arrays: Vec<CudaSlice<u8>>,
-    variant_values: Vec<ParamValue>,
+    arrays: ProblemArrays,
 }
 
 impl KernelPlan {
@@ -145,28 +142,6 @@ impl KernelPlan {
             }
             None => None,
         };
-        let custom_mask = match &problem.mask {
-            Mask::Custom(m) => {
-                let offsets: Vec<i64> = m.mask_indptr.iter().map(|&o| o as i64).collect();
-                Some((
-                    upload(engine, &m.packed, "custom mask")?,
-                    upload(engine, &offsets, "mask_indptr")?,
-                ))
-            }
-            _ => None,
-        };
-        let variant_values = codegen::param_values(&problem.variant);
-        let mut variant_arrays = Vec::new();
-        for value in &variant_values {
-            let bytes: Option<Vec<u8>> = match value {
-                ParamValue::F32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
-                ParamValue::I32Array(a) => Some(a.iter().flat_map(|x| x.to_le_bytes()).collect()),
-                ParamValue::F32(_) | ParamValue::I32(_) => None,
-            };
-            if let Some(bytes) = bytes {
-                variant_arrays.push(upload(engine, &bytes, "variant parameter")?);
-            }
-        }
         Ok(KernelPlan {
             problem: problem.clone(),
             spec,
@@ -176,11 +151,7 @@ impl KernelPlan {
             split,
             workspace,
             work: upload(engine, &work, "work list")?,
-            qo_indptr: upload(engine, &problem.batch.qo_indptr, "qo_indptr")?,
-            kv_indptr: upload(engine, &problem.batch.kv_indptr, "kv_indptr")?,
-            custom_mask,
-            variant_arrays,
-            variant_values,
+            arrays: ProblemArrays::upload(engine, problem)?,
         })
     }
 
@@ -199,25 +170,20 @@ impl KernelPlan {
         let dvo = p.head_dims.vo();
         let elem = p.input_dtype.size_bytes() as u64;
         let scaling = p.qk_scaling();
-        let ptr = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
         let page = kv.pages.unwrap_or_default();
+        let (qo_indptr, kv_indptr) = self.arrays.indptrs(stream);
+        let (custom_mask, mask_indptr) = self.arrays.custom_mask(stream);
         let fixed = PrefillParams {
             q: qo.q + p.q_view.offset as u64 * elem,
             k: kv.k,
             v: kv.v,
             o: qo.o,
             lse: qo.lse,
-            qo_indptr: ptr(&self.qo_indptr),
-            kv_indptr: ptr(&self.kv_indptr),
-            work: ptr(&self.work),
-            custom_mask: self
-                .custom_mask
-                .as_ref()
-                .map_or(0, |(m, _)| m.device_ptr(stream).0),
-            mask_indptr: self
-                .custom_mask
-                .as_ref()
-                .map_or(0, |(_, i)| i.device_ptr(stream).0),
+            qo_indptr,
+            kv_indptr,
+            work: self.work.device_ptr(stream).0,
+            custom_mask,
+            mask_indptr,
             partial_o: self
                 .workspace
                 .as_ref()
@@ -254,12 +220,7 @@ impl KernelPlan {
             page_shift: page.page_size.max(1).trailing_zeros() as i32,
             page_mask: page.page_size.saturating_sub(1) as i32,
         };
-        let array_ptrs: Vec<u64> = self
-            .variant_arrays
-            .iter()
-            .map(|a| a.device_ptr(stream).0)
-            .collect();
-        let variant_bytes = self.layout.variant.pack(&self.variant_values, &array_ptrs);
+        let variant_bytes = self.arrays.variant_bytes(stream, &self.layout.variant);
         let mut block = self.layout.pack(&fixed, &variant_bytes);
         let mut args = [block.as_mut_ptr().cast::<c_void>()];
         let f = &self.kernel;

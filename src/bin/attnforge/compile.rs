@@ -1,6 +1,6 @@
-//! `attnforge compile`: compile every kernel the engine can emit (`codegen::compile_matrix`, plus
-//! the paged-KV append kernel) for each requested architecture, and report registers, spills and
-//! shared memory per kernel.
+//! `attnforge compile`: compile every kernel the engine can emit (`codegen::compile_matrix`, the
+//! GPU reference kernels of `codegen::reference_matrix`, the paged-KV append and merge kernels)
+//! for each requested architecture, and report registers, spills and shared memory per kernel.
 //!
 //! Exits non-zero when any kernel fails to render or compile, and when any kernel spills
 //! registers beyond what it is declared to allow (`RenderedKernel::spill_budget_bytes`). This is the
@@ -148,13 +148,23 @@ impl From<RenderedKernel> for Unit {
     }
 }
 
-/// Renders the (filtered) matrix: every attention kernel, and the kernels without
-/// specialisation (paged-KV append, public merge), which may not spill.
+/// Renders the (filtered) matrix: every attention kernel, the GPU reference kernels and the
+/// kernels without specialisation (paged-KV append, public merge), which may not spill.
 fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
     let mut units: Vec<Unit> = codegen::compile_matrix()
         .iter()
         .map(|s| Unit::from(codegen::render(s)))
         .collect();
+    for spec in codegen::reference_matrix() {
+        let r = codegen::render_reference(&spec);
+        units.push(Unit {
+            name: r.entry.clone(),
+            entry: r.entry,
+            source: r.source,
+            snippets: r.snippets,
+            spill_budget_bytes: r.spill_budget_bytes,
+        });
+    }
     for fixed in [codegen::render_append(), codegen::render_merge_states()] {
         units.push(Unit {
             name: fixed.entry.clone(),

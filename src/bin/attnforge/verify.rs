@@ -47,10 +47,13 @@ fn report(result: &CaseResult, seed: u64, verbose: bool) {
         Ok(c) => c.to_string(),
         Err(e) => format!("error: {e}"),
     };
-    let sampled = if result.sampled { ", sampled rows" } else { "" };
+    let oracle = match result.oracle.describe() {
+        "" => String::new(),
+        words => format!(", {words}"),
+    };
     let ms = result.backend_time.as_secs_f64() * 1e3;
     println!(
-        "{verdict} {} (seed {seed}, {ms:.0} ms{sampled}): {detail}",
+        "{verdict} {} (seed {seed}, {ms:.0} ms{oracle}): {detail}",
         result.name
     );
     for (label, outcome, passed) in &result.also {
