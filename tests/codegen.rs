@@ -210,9 +210,10 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 #[test]
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
+    let any_tile = TileConfig::row_tiles(dims)[0];
     let f32_problem =
         AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F32);
-    match KernelSpec::for_problem(&f32_problem, KvCache::Ragged) {
+    match KernelSpec::for_problem(&f32_problem, KvCache::Ragged, any_tile) {
         Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("bf16")),
         other => panic!("expected Unsupported, got {other:?}"),
     }
@@ -226,7 +227,7 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let p = AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F16)
         .with_variant(Variant::Custom(cpu_only));
     assert!(matches!(
-        KernelSpec::for_problem(&p, KvCache::Paged),
+        KernelSpec::for_problem(&p, KvCache::Paged, any_tile),
         Err(Error::Unsupported { .. })
     ));
 }

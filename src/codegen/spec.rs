@@ -142,15 +142,16 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
 }
 
 impl KernelSpec {
-    /// The spec that runs `problem` with K/V from `kv`, with the tile [`TileConfig::choose`]
-    /// picks for it. Fails when the problem needs something the generator cannot emit (f32
+    /// The spec that runs `problem` with K/V from `kv` and CTA tiling `tile` (the planner picks
+    /// it: `cuda::choose_tile`). Fails when the problem needs something the generator cannot emit (f32
     /// inputs, a custom variant without CUDA source), saying what is supported.
-    pub fn for_problem(problem: &AttentionProblem, kv: KvCache) -> Result<KernelSpec, Error> {
+    pub fn for_problem(
+        problem: &AttentionProblem,
+        kv: KvCache,
+        tile: TileConfig,
+    ) -> Result<KernelSpec, Error> {
         check_cuda_dtypes(problem)?;
         let variant = VariantSpec::for_variant(&problem.variant)?;
-        let max_packed_rows =
-            problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
-        let tile = TileConfig::choose(problem.head_dims, max_packed_rows);
         Ok(KernelSpec {
             input_dtype: problem.input_dtype,
             output_dtype: problem.output_dtype,

@@ -114,7 +114,7 @@ impl TileConfig {
     /// dealt round robin. Four warps over 64-key tiles, except for head dim 256, where two warps
     /// over 32-key tiles keep the double-buffered K/V (and so occupancy) at the size of the
     /// others.
-    fn key_split(dims: HeadDims) -> TileConfig {
+    pub fn key_split(dims: HeadDims) -> TileConfig {
         let (num_warps, kv_tile) = if dims.qk() > 192 { (2, 32) } else { (4, 64) };
         TileConfig {
             num_warps,
@@ -137,21 +137,12 @@ impl TileConfig {
     /// `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
-    /// The configuration for `dims` when the longest request has `max_packed_rows` packed query
-    /// rows (qo_len x group size): the key-split tile when they fit in its 16 rows (decode), else
-    /// the widest row tile that is more than half full, else the narrowest row tile.
-    pub fn choose(dims: HeadDims, max_packed_rows: usize) -> TileConfig {
-        let split = Self::key_split(dims);
-        if max_packed_rows <= split.cta_q() as usize {
-            return split;
-        }
-        let rows: Vec<TileConfig> = Self::candidates(dims)
+    /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
+    /// first; `cuda::choose_tile` picks one of them by simulating the block scheduler.
+    pub fn row_tiles(dims: HeadDims) -> Vec<TileConfig> {
+        Self::candidates(dims)
             .into_iter()
             .filter(|t| !t.split_keys)
-            .collect();
-        rows.iter()
-            .copied()
-            .find(|t| max_packed_rows as u32 > t.cta_q() / 2)
-            .unwrap_or(*rows.last().expect("every head dim has a row tile"))
+            .collect()
     }
 }

@@ -5,7 +5,7 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::PlanOptions;
-use super::schedule::SplitChoice;
+use super::schedule::{choose_tile, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
@@ -106,6 +106,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let options = CompileOptions::new(self.engine.info().arch);
+        let sm_count = self.engine.info().sm_count as usize;
         let mut seen = HashSet::new();
         let mut jobs = Vec::new();
         for case in cases {
@@ -114,7 +115,8 @@ impl Backend for CudaBackend {
             } else {
                 KvCache::Ragged
             };
-            if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv) {
+            let tile = choose_tile(&case.problem, sm_count);
+            if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {
                     jobs.push(BatchJob {

@@ -8,7 +8,7 @@
 use super::engine::{Engine, LoadedKernel};
 use super::error::{CudaError, DriverContext};
 use super::problem_arrays::ProblemArrays;
-use super::schedule::{choose_kv_split, prefill_work, KvSplit, SplitChoice};
+use super::schedule::{choose_kv_split, choose_tile, prefill_work, KvSplit, SplitChoice};
 use crate::codegen::{
     self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
     MERGE_THREADS,
@@ -109,16 +109,16 @@ impl KernelPlan {
         kv: KvCache,
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
-        let mut spec = KernelSpec::for_problem(problem, kv)?;
-        if let Some(t) = options.tile {
-            spec.tile = t;
-        }
+        let sm_count = engine.info().sm_count as usize;
+        let tile = options
+            .tile
+            .unwrap_or_else(|| choose_tile(problem, sm_count));
+        let spec = KernelSpec::for_problem(problem, kv, tile)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
 
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
-        let sm_count = engine.info().sm_count as usize;
         let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
         let planned = choose_kv_split(problem, cta_q, kv_tile, slots);
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);

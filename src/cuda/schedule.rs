@@ -7,6 +7,7 @@
 //! skewed batch (or the long last tiles of a causal mask) starts early and the short ones fill
 //! the gaps at the end.
 
+use crate::codegen::TileConfig;
 use crate::problem::{AttentionProblem, Mask};
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split).
@@ -139,13 +140,85 @@ pub fn choose_kv_split(
     kv_tile: usize,
     slots: usize,
 ) -> Option<KvSplit> {
+    best_split(problem, cta_q, kv_tile, slots, WIDEST_KEY_COST).1
+}
+
+/// The tile for `problem` on a GPU with `sm_count` SMs: the key-split tile when the longest
+/// request's packed query rows fit in its rows (decode), else the row tile of
+/// [`TileConfig::row_tiles`] whose simulated finish (with its best KV split, as
+/// [`choose_kv_split`] finds it) is the earliest; a tie keeps the wider tile.
+///
+/// The narrower row tile computes fewer rows per key at a lower rate per row
+/// ([`NARROW_TILE_ROW_EFFICIENCY`]), so it wins only where the wider tile leaves slots idle or
+/// one long tile ends the launch late: short causal prefills (seq 512 and 1024, where the last
+/// query tile sees every key) and prefills of fewer rows than the wider tile holds.
+pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
+    let dims = problem.head_dims;
+    let max_packed_rows =
+        problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
+    let key_split = TileConfig::key_split(dims);
+    if max_packed_rows <= key_split.cta_q() as usize {
+        return key_split;
+    }
+    let rows = TileConfig::row_tiles(dims);
+    let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
+    let slots = sm_count * ROW_TILE_CTAS_PER_SM;
+    let mut best: Option<(u64, TileConfig)> = None;
+    for tile in rows {
+        let share = tile.cta_q() as f64 / widest;
+        let efficiency = if share < 1.0 {
+            NARROW_TILE_ROW_EFFICIENCY
+        } else {
+            1.0
+        };
+        let key_cost = (WIDEST_KEY_COST as f64 * share / efficiency).round() as u64;
+        let (finish, _) = best_split(
+            problem,
+            tile.cta_q() as usize,
+            tile.kv_tile as usize,
+            slots,
+            key_cost,
+        );
+        if best.is_none_or(|(f, _)| finish < f) {
+            best = Some((finish, tile));
+        }
+    }
+    best.map_or(key_split, |(_, t)| t)
+}
+
+/// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
+/// (`w4q2kv64s32`: 250 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
+/// KV split of the chosen tile is then planned with the loaded kernel's real occupancy.
+const ROW_TILE_CTAS_PER_SM: usize = 2;
+
+/// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
+/// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle: H200, f16, D=128,
+/// seq 4096, session 4 run 3: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90);
+/// soft-cap and f16 QK 0.94, paged prefill 0.78 (docs/perf-notes.md).
+const NARROW_TILE_ROW_EFFICIENCY: f64 = 0.85;
+
+/// The cost of one key for a CTA of the widest row tile, in the simulation's units
+/// (thousandths of a key).
+const WIDEST_KEY_COST: u64 = 1000;
+
+/// The split with the earliest simulated finish for a tile of `cta_q` rows and `kv_tile` keys
+/// whose CTAs cost `key_cost` per key (the widest tile: [`WIDEST_KEY_COST`]), with that finish
+/// (including the merge's launch when split).
+fn best_split(
+    problem: &AttentionProblem,
+    cta_q: usize,
+    kv_tile: usize,
+    slots: usize,
+    key_cost: u64,
+) -> (u64, Option<KvSplit>) {
     let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
     let min_chunk = MIN_CHUNK_KEYS.next_multiple_of(kv_tile);
     let items = query_tiles(problem, cta_q).len() * problem.num_kv_heads;
+    let unsplit = makespan(problem, cta_q, None, slots, key_cost);
     if items == 0 {
-        return None;
+        return (unsplit, None);
     }
-    let mut best: (usize, Option<KvSplit>) = (makespan(problem, cta_q, None, slots), None);
+    let mut best: (u64, Option<KvSplit>) = (unsplit, None);
     // Candidate cuts of the longest request: 2..8 pieces, then a geometric series, plus the
     // cuts that make the longest requests' chunks fill 1..8 whole waves of slots.
     let mut candidates: Vec<usize> = (2..=8).collect();
@@ -170,30 +243,34 @@ pub fn choose_kv_split(
             chunk,
             max_chunks: max_kv.div_ceil(chunk),
         };
-        let cost = makespan(problem, cta_q, Some(&split), slots) + MERGE_OVERHEAD_KEYS;
+        let cost = makespan(problem, cta_q, Some(&split), slots, key_cost)
+            + MERGE_OVERHEAD_KEYS as u64 * WIDEST_KEY_COST;
         if cost < best.0 {
             best = (cost, Some(split));
         }
     }
-    best.1
+    best
 }
 
-/// Estimated finish, in keys, of the work list dealt longest first to `slots` slots.
+/// Estimated finish, in thousandths of a key of the widest tile, of the work list dealt longest
+/// first to `slots` slots, each key of an item costing `key_cost`.
 fn makespan(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
     slots: usize,
-) -> usize {
+    key_cost: u64,
+) -> u64 {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let costs = item_costs(problem, cta_q, split);
-    let per_item = CTA_OVERHEAD_KEYS + split.map_or(0, |_| cta_q * PARTIAL_KEYS_PER_ROW);
-    let mut free: BinaryHeap<Reverse<usize>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
+    let per_item = (CTA_OVERHEAD_KEYS + split.map_or(0, |_| cta_q * PARTIAL_KEYS_PER_ROW)) as u64
+        * WIDEST_KEY_COST;
+    let mut free: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
     let mut end = 0;
     for (cost, _) in costs {
         let Reverse(t) = free.pop().unwrap_or(Reverse(0));
-        let done = t + cost + per_item;
+        let done = t + cost as u64 * key_cost + per_item;
         end = end.max(done);
         free.push(Reverse(done));
     }
@@ -367,5 +444,27 @@ mod tests {
         assert_eq!(tiles.first(), Some(&7));
         assert_eq!(tiles.last(), Some(&0));
         assert!(tiles.windows(2).all(|w| w[0] >= w[1]));
+    }
+
+    #[test]
+    fn short_causal_prefills_take_the_narrow_tile_and_long_ones_the_wide() {
+        let tile = |lens: &[(usize, usize)], hq, hkv, mask| {
+            let t = choose_tile(&problem(lens, hq, hkv, mask), 132);
+            (t.cta_q(), t.split_keys)
+        };
+        // The last 128-row tile of a causal seq-512 prefill sees every key while the 128 CTAs
+        // fill half the 264 slots: 64-row tiles finish first (H200: 102 vs 77 TFLOP/s).
+        assert_eq!(tile(&[(512, 512)], 32, 32, Mask::Causal), (64, false));
+        assert_eq!(tile(&[(1024, 1024)], 32, 32, Mask::Causal), (64, false));
+        // Enough tiles to fill the slots evenly: the wider tile's higher rate wins.
+        assert_eq!(tile(&[(1024, 1024)], 32, 32, Mask::None), (128, false));
+        assert_eq!(tile(&[(2048, 2048)], 32, 32, Mask::Causal), (128, false));
+        assert_eq!(tile(&[(4096, 4096)], 32, 32, Mask::Causal), (128, false));
+        assert_eq!(tile(&[(4096, 4096)], 32, 8, Mask::None), (128, false));
+        assert_eq!(tile(&[(1024, 5120); 16], 32, 8, Mask::Causal), (128, false));
+        // Decode: the key-split tile.
+        assert_eq!(tile(&[(1, 4096); 64], 32, 8, Mask::None), (16, true));
+        // A prefill of fewer rows than the wide tile holds.
+        assert_eq!(tile(&[(40, 40)], 8, 8, Mask::None), (64, false));
     }
 }
