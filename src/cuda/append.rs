@@ -8,12 +8,12 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
+use super::launch::launch_fixed;
 use super::paged::{cache_strides, DevicePagedKv};
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
 use crate::Error;
 use cudarc::driver::{CudaStream, DevicePtr};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// The cache buffers on the device, writable, as the layout's storage says.
@@ -99,7 +99,7 @@ impl Engine {
         let (k_base, k_page, k_token, k_head) = cache_strides(layout, true);
         let (v_base, v_page, v_token, v_head) = cache_strides(layout, false);
         let ptr = |s: &cudarc::driver::CudaSlice<i32>| s.device_ptr(stream).0;
-        let mut params = AppendParams {
+        let params = AppendParams {
             k_new: k_new.device_address(stream),
             v_new: v_new.device_address(stream),
             k_cache: k_cache + k_base as u64 * elem,
@@ -128,7 +128,6 @@ impl Engine {
             name: "k_new",
             reason: format!("{total_new} new tokens need {blocks} blocks, more than a grid holds"),
         })?;
-        let mut args = [(&mut params as *mut AppendParams).cast::<c_void>()];
         // SAFETY: the kernel takes one AppendParams, which is repr(C) without padding and whose
         // CUDA twin asserts the same field sizes; the table and append_indptr were validated
         // against the layout (every page id in range, every new token inside its request's
@@ -136,19 +135,15 @@ impl Engine {
         // new rows hold total_new tokens; the index arrays live until the end of this function
         // and are freed in stream order (on `stream`), after the kernel.
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                kernel.cu_function(),
-                (blocks, 1, 1),
-                (APPEND_THREADS, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut args,
+            launch_fixed(
+                stream,
+                &kernel,
+                "attnforge_append_paged_kv",
+                blocks,
+                APPEND_THREADS,
+                &params,
             )
-        }
-        .map_err(|source| CudaError::Launch {
-            kernel: "attnforge_append_paged_kv".into(),
-            source,
-        })?;
+        }?;
         Ok(())
     }
 }

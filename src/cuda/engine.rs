@@ -133,16 +133,27 @@ impl Engine {
         if let Some((_, f)) = loaded.get(&key) {
             return Ok(f.clone());
         }
-        let compiled = self.jit.compile(source, &options)?;
+        let (module, function) = self.compile_and_load(source, &options)?;
+        loaded.insert(key, (module, function.clone()));
+        Ok(function)
+    }
+
+    /// Compiles `source` (or fetches it from the JIT's caches), loads the module into the
+    /// device and finds its entry point; the callers keep both.
+    fn compile_and_load(
+        &self,
+        source: &KernelSource<'_>,
+        options: &CompileOptions,
+    ) -> Result<(Arc<CudaModule>, CudaFunction), Error> {
+        let compiled = self.jit.compile(source, options)?;
         let module = self
             .ctx
             .load_module(Ptx::from_binary(compiled.kernel.cubin))
-            .during(format!("loading {}", source.name))?;
+            .during(format!("loading the module of {}", source.name))?;
         let function = module
             .load_function(source.entry)
             .during(format!("finding {}", source.entry))?;
-        loaded.insert(key, (module, function.clone()));
-        Ok(function)
+        Ok((module, function))
     }
 
     /// Compiles (or fetches from the caches) and loads a rendered kernel.
@@ -172,14 +183,7 @@ impl Engine {
             }
             .into());
         }
-        let compiled = self.jit.compile(&source, &options)?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(compiled.kernel.cubin))
-            .during(format!("loading the module of {}", kernel.name))?;
-        let function = module
-            .load_function(&kernel.entry)
-            .during(format!("finding {}", kernel.entry))?;
+        let (module, function) = self.compile_and_load(&source, &options)?;
         if kernel.smem_bytes > DEFAULT_SMEM_LIMIT {
             function
                 .set_attribute(

@@ -16,12 +16,12 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
+use super::launch::launch_fixed;
 use crate::codegen::{self, MergeParams, MERGE_STATES_ITEMS_PER_CTA, MERGE_STATES_THREADS};
 use crate::dtype::DType;
 use crate::merge::MergeShape;
 use crate::Error;
 use cudarc::driver::CudaStream;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// One state (or `n` stored together): `o`, then the LSEs.
@@ -85,7 +85,7 @@ impl Engine {
         let v1 = b.0.device_address(stream);
         let s1 = b.1.device_address(stream);
         check_pair_alignment("o_b", v1, dtype)?;
-        self.launch_merge(stream, shape, 2, a, ("o_a", "lse_a"), (v1, s1), 0, out)
+        self.launch_merge(stream, shape, 2, a, ("o_a", "lse_a"), (v1, s1), false, out)
     }
 
     /// Merges `num_states` states stored together (`o [rows, num_states, heads, head_dim]`,
@@ -118,14 +118,14 @@ impl Engine {
             states,
             ("o", "lse"),
             (v1, s1),
-            1,
+            true,
             out,
         )
     }
 
     /// The one launch of the merge kernel. State 0 is `first`; states 1.. start at
-    /// `rest = (o, lse)` addresses, `num_states` states in all; `interleaved` is 1 when the
-    /// states are stored together (a row holds all of them), 0 when state 0 and state 1 are
+    /// `rest = (o, lse)` addresses, `num_states` states in all; `interleaved` is true when the
+    /// states are stored together (a row holds all of them), false when state 0 and state 1 are
     /// separate tensors of one state each.
     #[allow(clippy::too_many_arguments)]
     fn launch_merge(
@@ -136,7 +136,7 @@ impl Engine {
         first: DeviceState<'_>,
         names: (&'static str, &'static str),
         rest: (u64, u64),
-        interleaved: usize,
+        interleaved: bool,
         out: (&mut DeviceTensor, &mut DeviceTensor),
     ) -> Result<(), Error> {
         let dtype = first.0.dtype();
@@ -150,7 +150,8 @@ impl Engine {
             }
             .into());
         }
-        let per_row = if interleaved == 1 { num_states } else { 1 };
+        // States in one row of `first`: its sizes here, its row strides in the parameter block.
+        let per_row = if interleaved { num_states } else { 1 };
         check(names.0, first.0, dtype, shape.o_len() * per_row)?;
         check(names.1, first.1, DType::F32, shape.lse_len() * per_row)?;
         check("merged o", out.0, dtype, shape.o_len())?;
@@ -178,7 +179,7 @@ impl Engine {
         check_pair_alignment("merged o", v_out, dtype)?;
         let (h, d) = (shape.heads as i64, shape.head_dim as i64);
         let row_states = per_row as i64;
-        let mut params = MergeParams {
+        let params = MergeParams {
             v0,
             v1: rest.0,
             s0: first.1.device_address(stream),
@@ -202,26 +203,21 @@ impl Engine {
             reserved: 0,
         };
         let kernel = self.fixed_kernel(codegen::render_merge_states)?;
-        let mut args = [(&mut params as *mut MergeParams).cast::<c_void>()];
         // SAFETY: the kernel takes one MergeParams, repr(C) without padding, whose CUDA twin
         // asserts the same field sizes; every buffer was checked to hold the elements the
         // strides reach (states, merged outputs) in the dtype the kernel is told, with the
         // two-element alignment its paired loads and stores need; the outputs are borrowed
         // mutably, so they alias no input.
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                kernel.cu_function(),
-                (blocks, 1, 1),
-                (MERGE_STATES_THREADS, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut args,
+            launch_fixed(
+                stream,
+                &kernel,
+                "attnforge_merge_states",
+                blocks,
+                MERGE_STATES_THREADS,
+                &params,
             )
-        }
-        .map_err(|source| CudaError::Launch {
-            kernel: "attnforge_merge_states".into(),
-            source,
-        })?;
+        }?;
         Ok(())
     }
 }

@@ -11,6 +11,7 @@ mod buffers;
 mod device;
 mod engine;
 mod error;
+mod launch;
 mod merge;
 mod paged;
 mod plan;
