@@ -9,7 +9,7 @@ use super::spec::{KernelSpec, KvCache};
 use super::tile::TileConfig;
 use super::variant::{self, VariantCode};
 use crate::dtype::DType;
-use crate::jit::SnippetSpan;
+use crate::jit::{Arch, SnippetSpan};
 use crate::problem::{MaskKind, QkAccum};
 use std::fmt::Write;
 
@@ -142,12 +142,14 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, MERGE_MATH);
     template(&mut out, MERGE_STATE);
     let merge_entry = format!("{name}_merge");
+    let bounds = prefill_launch_bounds(smem_bytes);
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
         out,
         "static_assert(prefill::SMEM_BYTES == spec::SMEM_BYTES, \"shared memory size agrees with the host\");\n\
          static_assert(merge::NUM_THREADS == {MERGE_THREADS} && merge::WARPS == {MERGE_ROWS_PER_CTA}, \"merge launch shape\");\n\
-         extern \"C\" __global__ void __launch_bounds__(prefill::NUM_THREADS)\n\
+         {bounds}\
+         extern \"C\" __global__ void ATTNFORGE_PREFILL_BOUNDS\n\
          {name}(const __grid_constant__ PrefillParams params) {{\n  prefill::run_cta(params);\n}}\n\
          extern \"C\" __global__ void __launch_bounds__(merge::NUM_THREADS)\n\
          {merge_entry}(const __grid_constant__ PrefillParams params) {{\n  merge::run(params);\n}}"
@@ -164,4 +166,31 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         smem_bytes,
         params: layout,
     }
+}
+
+/// The prefill kernel's `__launch_bounds__`, per target (a preprocessor choice on
+/// `__CUDA_ARCH__`, since one source is compiled for every architecture): where shared memory
+/// allows at most two resident CTAs per SM, that many is declared as the minimum, which lets
+/// ptxas use every register those CTAs can have. Without it ptxas caps some kernels at 168 or 128
+/// registers for an occupancy the shared memory rules out, and spills (the 64-row D=128 tile:
+/// 168 registers and 8 bytes of spills against 192 registers and none). Where shared memory
+/// allows three or more CTAs, ptxas's own choice stands.
+fn prefill_launch_bounds(smem_bytes: u32) -> String {
+    let mut out = String::new();
+    for (i, arch) in Arch::ALL.into_iter().rev().enumerate() {
+        let ctas = arch.ctas_per_sm_by_shared_memory(smem_bytes);
+        let bounds = if ctas <= 2 {
+            format!("__launch_bounds__(prefill::NUM_THREADS, {ctas})")
+        } else {
+            "__launch_bounds__(prefill::NUM_THREADS)".to_string()
+        };
+        let keyword = if i == 0 { "#if" } else { "#elif" };
+        let _ = writeln!(
+            out,
+            "{keyword} __CUDA_ARCH__ >= {}\n#define ATTNFORGE_PREFILL_BOUNDS {bounds}",
+            arch.cuda_arch_macro()
+        );
+    }
+    out.push_str("#else\n#error \"attnforge prefill kernels need sm_80 or newer\"\n#endif\n");
+    out
 }

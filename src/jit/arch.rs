@@ -45,6 +45,31 @@ impl Arch {
         }
     }
 
+    /// Shared memory of one SM that resident CTAs can share, in bytes (the CUDA programming
+    /// guide's table: 164 KB on 8.0, 100 KB on 8.6 and 8.9, 228 KB on 9.0).
+    pub fn shared_memory_per_sm(self) -> u32 {
+        match self {
+            Arch::Sm80 => 164 * 1024,
+            Arch::Sm86 | Arch::Sm89 => 100 * 1024,
+            Arch::Sm90a => 228 * 1024,
+        }
+    }
+
+    /// Shared memory the driver reserves for each resident CTA, in bytes.
+    pub const RESERVED_SHARED_MEMORY_PER_CTA: u32 = 1024;
+
+    /// How many CTAs using `smem_bytes` of dynamic shared memory fit on one SM at once, by
+    /// shared memory alone (at least 1: a CTA that needs more does not launch at all).
+    pub fn ctas_per_sm_by_shared_memory(self, smem_bytes: u32) -> u32 {
+        (self.shared_memory_per_sm() / (smem_bytes + Self::RESERVED_SHARED_MEMORY_PER_CTA)).max(1)
+    }
+
+    /// The `__CUDA_ARCH__` value of device code compiled for this target.
+    pub fn cuda_arch_macro(self) -> u32 {
+        let (major, minor) = self.compute_capability();
+        major * 100 + minor * 10
+    }
+
     /// The target for a device of compute capability `major.minor` (9.0 maps to `sm_90a`).
     pub fn from_compute_capability(major: u32, minor: u32) -> Result<Arch, JitError> {
         Arch::ALL
