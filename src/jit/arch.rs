@@ -133,6 +133,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shared_memory_bounds_resident_ctas() {
+        // The D=128 128-row tile (96 KB): two on Hopper, one on A100 and Ada.
+        let wide = 96 * 1024;
+        assert_eq!(Arch::Sm90a.ctas_per_sm_by_shared_memory(wide), 2);
+        assert_eq!(Arch::Sm80.ctas_per_sm_by_shared_memory(wide), 1);
+        assert_eq!(Arch::Sm89.ctas_per_sm_by_shared_memory(wide), 1);
+        // The 1 KB the driver reserves per CTA counts: 3 x (76 + 1) KB do not fit in 228 KB.
+        assert_eq!(Arch::Sm90a.ctas_per_sm_by_shared_memory(76 * 1024), 2);
+        assert_eq!(Arch::Sm90a.ctas_per_sm_by_shared_memory(75 * 1024), 3);
+        // A CTA larger than the SM's memory still counts as one (its launch fails elsewhere).
+        assert_eq!(Arch::Sm86.ctas_per_sm_by_shared_memory(200 * 1024), 1);
+        assert_eq!(Arch::Sm90a.cuda_arch_macro(), 900);
+        assert_eq!(Arch::Sm86.cuda_arch_macro(), 860);
+    }
+
+    #[test]
     fn hopper_maps_to_sm_90a() {
         assert_eq!(Arch::from_compute_capability(9, 0).unwrap(), Arch::Sm90a);
         assert_eq!(Arch::from_compute_capability(8, 9).unwrap(), Arch::Sm89);
