@@ -24,7 +24,7 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap())[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32)[0],
     }
 }
 

@@ -150,7 +150,7 @@ impl KernelSpec {
         let variant = VariantSpec::for_variant(&problem.variant)?;
         let max_packed_rows =
             problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
-        let tile = TileConfig::choose(problem.head_dims, max_packed_rows);
+        let tile = TileConfig::choose(problem.head_dims, problem.qk_accum, max_packed_rows);
         Ok(KernelSpec {
             input_dtype: problem.input_dtype,
             output_dtype: problem.output_dtype,
