@@ -2,8 +2,10 @@
 //
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
-// Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, exp2_approx, log2_approx,
-// rcp_approx, softcap_tanh, tanh_accurate, neg_inf, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E and LN2.
+// Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
+// f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
+// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E
+// and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -75,6 +77,27 @@ __device__ __forceinline__ void f16x2_to_float2(u32_t x, float& lo, float& hi) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
 }
 
+// x * 0 + y on f16x2, one HFMA2: non-finite (inf or NaN) in a half when that half of x or y is,
+// else y's half. x * 0 is +-0 for finite x and NaN otherwise, and adding +-0 to a finite y is
+// exact. Folding a set of registers pairwise leaves a register non-finite exactly where one of
+// them was.
+__device__ __forceinline__ u32_t f16x2_nonfinite_or(u32_t x, u32_t y) {
+  u32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0u), "r"(y));
+  return r;
+}
+
+// Whether both f16 halves of x are finite: x * 0 + 0 is +0 in a finite half (+-0 + +0 rounds to
+// +0) and NaN otherwise, so the register is zero exactly when both are. One HFMA2, one compare.
+__device__ __forceinline__ bool f16x2_finite(u32_t x) { return f16x2_nonfinite_or(x, 0u) == 0u; }
+
+// Halfwise max of two f16x2 registers (a NaN half loses to a number, as fmaxf).
+__device__ __forceinline__ u32_t f16x2_max(u32_t a, u32_t b) {
+  u32_t r;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // Multiplies both f16 halves by `s` (also f16x2), rounding to nearest even.
 __device__ __forceinline__ u32_t f16x2_mul(u32_t a, u32_t s) {
   u32_t r;
@@ -122,6 +145,14 @@ __device__ __forceinline__ float softcap_tanh(float s, float cap, float exp2_sca
 
 // tanh with absolute error near 2e-7 (the soft-cap formula above with cap 1).
 __device__ __forceinline__ float tanh_accurate(float x) { return softcap_tanh(x, 1.0f, -2.0f * LOG2E); }
+
+// This thread's lane in its warp, read from the hardware register each time (volatile: two reads
+// are never merged, so a value derived from one can be recomputed later instead of kept live).
+__device__ __forceinline__ int lane_id() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
 
 // Max and sum over the 32 lanes of a warp (every lane gets the result).
 __device__ __forceinline__ float warp_max(float x) {

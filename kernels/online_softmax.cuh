@@ -24,25 +24,19 @@ struct OnlineSoftmax {
     }
   }
 
-  // Turns logits `s` into probabilities relative to the new running max and rescales the output
-  // accumulators `o` when the max grew. The running max is kept in base-2 units. Each step runs
-  // over all of the thread's rows before the next one (independent chains, the quad shuffles of
-  // every row in flight together), and the branches of the rescale come last, so that no row's
-  // latency waits behind another row's branch.
-  template <int KV_NT, int VO_NT>
-  __device__ __forceinline__ void update(float (&s)[MMA_Q][KV_NT][4], float (&o)[MMA_Q][VO_NT][4], float scale) {
-    // This thread's max of each row over its columns. Started from the first pair rather than
-    // -inf: one FMNMX fewer per row, same max (fmaxf drops a NaN operand, and the fmaxf with
-    // row_max below absorbs an all-NaN row as -inf would).
+  // Turns the logits of one sub-tile (`s`: F32Logits or F16Logits below) into probabilities
+  // relative to the new running max and rescales the output accumulators `o` when the max grew.
+  // The running max is kept in base-2 units. Each step runs over all of the thread's rows before
+  // the next one (independent chains, the quad shuffles of every row in flight together), and the
+  // branches of the rescale come last, so that no row's latency waits behind another row's branch.
+  template <typename Logits, int VO_NT>
+  __device__ __forceinline__ void update(Logits s, float (&o)[MMA_Q][VO_NT][4], float scale) {
+    // This thread's max of each row over its columns.
     float raw[MMA_Q][2];
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        raw[mq][h] = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
-#pragma unroll
-        for (int nt = 1; nt < KV_NT; ++nt) raw[mq][h] = fmaxf(raw[mq][h], fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
-      }
+      for (int h = 0; h < 2; ++h) raw[mq][h] = s.thread_row_max(mq, h);
     // The quad's max (the four threads of a row), one shuffle level for every row at a time.
 #pragma unroll
     for (int m = 1; m <= 2; m *= 2)
@@ -59,14 +53,7 @@ struct OnlineSoftmax {
         const float offset = mx == neg_inf() ? 0.0f : mx;
         rescale[mq][h] = exp2_approx(row_max[mq][h] - offset);
         row_max[mq][h] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < KV_NT; ++nt) {
-          s[mq][nt][2 * h] = exp2_approx(fmaf(s[mq][nt][2 * h], scale, -offset));
-          s[mq][nt][2 * h + 1] = exp2_approx(fmaf(s[mq][nt][2 * h + 1], scale, -offset));
-          sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
-        }
-        row_sum[mq][h] = row_sum[mq][h] * rescale[mq][h] + sum;
+        row_sum[mq][h] = row_sum[mq][h] * rescale[mq][h] + s.exp_row(mq, h, scale, offset);
       }
     // The rescale is 1 for every row whose max did not grow: skip the multiplies when that holds
     // for the whole warp (a uniform branch per row group; the common case after the first tiles).
@@ -113,6 +100,75 @@ struct OnlineSoftmax {
       }
     }
   }
+};
+
+// The logits of one sub-tile as OnlineSoftmax::update takes them, in the m16n8 accumulator
+// layout (row g of a thread's pair h = 0, row g + 8 for h = 1), and the probabilities it leaves
+// in their place. Three operations: thread_row_max (this thread's max of row (mq, h) over its
+// columns), exp_row (p = exp2(x * scale - offset) for the row's elements, replacing them, and
+// their sum) and p_pair (the row's two probabilities of n8 tile nt as packed `P` input of the PV
+// product).
+
+// f32 logits (any QK accumulation, after the transform and the mask): p is kept as float
+// until p_pair rounds it to the input dtype.
+template <int MMA_Q, int KV_NT, typename P>
+struct F32Logits {
+  float (&s)[MMA_Q][KV_NT][4];
+
+  // Started from the first pair rather than -inf: one FMNMX fewer per row, same max (fmaxf
+  // drops a NaN operand, and the fmaxf with the running max absorbs an all-NaN row as -inf would).
+  __device__ __forceinline__ float thread_row_max(int mq, int h) const {
+    float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+    for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+    return raw;
+  }
+  __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt) {
+      s[mq][nt][2 * h] = exp2_approx(fmaf(s[mq][nt][2 * h], scale, -offset));
+      s[mq][nt][2 * h + 1] = exp2_approx(fmaf(s[mq][nt][2 * h + 1], scale, -offset));
+      sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+    }
+    return sum;
+  }
+  __device__ __forceinline__ u32_t p_pair(int mq, int nt, int h) const {
+    return DTypeTraits<P>::pack2(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]);
+  }
+};
+
+// f16 accumulators taken as they are (one f16x2 register per row and n8 tile), for logits that
+// need no transform and no mask and are all finite: the max is taken on the packed halves (exact:
+// widening is monotonic), each element is widened (exactly) just before its exponent, and p
+// replaces it already packed: the logits take half the registers of F32Logits, and no float copy
+// of the whole sub-tile needs to be live. Same values as F32Logits of the widened accumulators.
+template <int MMA_Q, int KV_NT>
+struct F16Logits {
+  u32_t (&acc)[MMA_Q][KV_NT][2];
+
+  __device__ __forceinline__ float thread_row_max(int mq, int h) const {
+    u32_t m2 = acc[mq][0][h];
+#pragma unroll
+    for (int nt = 1; nt < KV_NT; ++nt) m2 = f16x2_max(m2, acc[mq][nt][h]);
+    float lo, hi;
+    f16x2_to_float2(m2, lo, hi);
+    return fmaxf(lo, hi);
+  }
+  __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt) {
+      float x0, x1;
+      f16x2_to_float2(acc[mq][nt][h], x0, x1);
+      const float p0 = exp2_approx(fmaf(x0, scale, -offset));
+      const float p1 = exp2_approx(fmaf(x1, scale, -offset));
+      sum += p0 + p1;
+      acc[mq][nt][h] = DTypeTraits<f16_t>::pack2(p0, p1);
+    }
+    return sum;
+  }
+  __device__ __forceinline__ u32_t p_pair(int mq, int nt, int h) const { return acc[mq][nt][h]; }
 };
 
 // Combines the states of NUM_WARPS warps that ran the same rows over different keys (the

@@ -11,10 +11,13 @@
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
 // tile loads while this one computes; each tile is computed KV_SUB keys at a time (the S
 // registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
-// accumulators), widens S to f32 (exactly), applies the variant and the mask, updates the online
-// softmax and accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element
-// masks run only on tiles that need them. When the plan splits the KV range, the CTA covers one
-// chunk and writes a partial result for merge_state.cuh instead of the output.
+// accumulators), applies the variant and the mask to S as f32, updates the online softmax and
+// accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element masks run only
+// on tiles that need them. With f16 accumulators, a sub-tile that needs no transform and no mask
+// and did not overflow goes to the softmax as packed f16 (half the registers; each element
+// widened exactly just before its exponent); the others are widened to f32 32 keys at a time,
+// overflowed elements recomputed with f32 accumulation. When the plan splits the KV range, the
+// CTA covers one chunk and writes a partial result for merge_state.cuh instead of the output.
 // Requires: common.cuh, mma.cuh, smem_tile.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
 // variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
 
@@ -33,6 +36,10 @@ constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
 constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
 constexpr int KV_NT = KV_SUB / 8;                  // n8 tiles of S per m16 tile
 constexpr int VO_NT = spec::HEAD_DIM_VO / 8;       // n8 tiles of O per m16 tile
+// f16 QK accumulation: a sub-tile whose logits need a transform, a mask or an overflow fallback
+// turns its accumulators into floats in pieces of this many keys, so that with 64-key sub-tiles
+// no float copy of more than 32 keys' logits is live.
+constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 ? 32 : 16;
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
@@ -104,73 +111,84 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
   qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
 }
 
-// f32-accumulated dot product of row `qa` of `a` and row `kb` of `b` (f16 elements), read
-// straight from shared memory: the overflow fallback of qk_f16.
-__device__ __noinline__ float dot_rows_f32(const SmemTile<QK_CHUNKS>& a, int qa, const SmemTile<QK_CHUNKS>& b, int kb) {
-  float acc = 0.0f;
+// One m16n8 tile of S = Q K^T with f32 accumulators: m16 tile `mq`, n8 tile `nt` of the sub-tile
+// at `k_base`, the same products in the same order as qk_f32 (so the same values as the f32-QK
+// kernels). The overflow fallback of the f16-QK kernels: inline (no call, no stack) but small, kk
+// not unrolled, and it needs only a few registers.
+__device__ __forceinline__ void qk_tile_f32(const FragAddrs& f, u32_t k_base, int mq, int nt, float (&c)[4]) {
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
 #pragma unroll 1
-  for (int c = 0; c < QK_CHUNKS; ++c) {
-    uint4 x = ld_shared_16(a.chunk_addr(qa, c)), y = ld_shared_16(b.chunk_addr(kb, c));
-    const u32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float x0, x1, y0, y1;
-      f16x2_to_float2(xs[j], x0, x1);
-      f16x2_to_float2(ys[j], y0, y1);
-      acc = fmaf(x0, y0, acc);
-      acc = fmaf(x1, y1, acc);
-    }
+  for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+    u32_t a[4], b[4];
+    ldmatrix_x4(a, f.q.at(f.q_base, mq * 16, kk * 2));
+    ldmatrix_x4(b, f.k.at(k_base, (nt / 2) * 16, kk * 2));
+    mma_f32acc<DTypeIn>(c, a, b[2 * (nt % 2)], b[2 * (nt % 2) + 1]);
   }
-  return acc;
 }
 
-// S = Q K^T with f16 accumulators (rounded to f16 after each k16 step), widened exactly to f32.
-// Where an accumulator overflowed (non-finite), the logit is recomputed with f32 accumulation.
-__device__ __forceinline__ void qk_f16(const SmemTile<QK_CHUNKS>& q, const SmemTile<QK_CHUNKS>& k, int warp_row0,
-                                       int lane, const FragAddrs& f, float (&s)[MMA_Q][KV_NT][4]) {
-  u32_t acc[MMA_Q][KV_NT][2];
+// S = Q K^T with f16 accumulators (rounded to f16 after each k16 step) into `acc`. Returns
+// whether every accumulator of the warp is finite (warp-uniform), at one HFMA2 per accumulator
+// register (a tree of f16x2_nonfinite_or), one compare and one vote.
+__device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
+  constexpr int REGS = MMA_Q * KV_NT * 2;
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) acc[mq][nt][0] = acc[mq][nt][1] = 0u;
-  qk_tiles(f, k.base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
-  bool overflow = false;
+  qk_tiles(f, k_base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
+  // Pairwise tree, level l folding register i + 2^l into register i: tree[0] ends up non-finite
+  // in a half iff some accumulator half is.
+  u32_t tree[REGS];
+#pragma unroll
+  for (int i = 0; i < REGS; ++i) tree[i] = acc[i / (KV_NT * 2)][(i / 2) % KV_NT][i % 2];
+#pragma unroll
+  for (int l = 0; (1 << l) < REGS; ++l)
+#pragma unroll
+    for (int i = 0; i + (1 << l) < REGS; i += 2 << l) tree[i] = f16x2_nonfinite_or(tree[i + (1 << l)], tree[i]);
+  return !__any_sync(0xffffffffu, !f16x2_finite(tree[0]));
+}
+
+// The f16 accumulators of keys [piece * NT * 8, (piece + 1) * NT * 8) of the sub-tile, widened
+// exactly to f32. Unless `finite`, an accumulator that overflowed (inf or NaN: a non-finite
+// partial sum never becomes finite again) is replaced by the f32-accumulated logit: n8 tile by
+// n8 tile (warp-uniform, as the MMA needs) where some lane has one, each lane keeping its finite
+// elements.
+template <int NT>
+__device__ __forceinline__ void widen_f16(const FragAddrs& f, u32_t k_base, const u32_t (&acc)[MMA_Q][KV_NT][2],
+                                          int piece, bool finite, float (&s)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-    for (int nt = 0; nt < KV_NT; ++nt) {
-      f16x2_to_float2(acc[mq][nt][0], s[mq][nt][0], s[mq][nt][1]);
-      f16x2_to_float2(acc[mq][nt][1], s[mq][nt][2], s[mq][nt][3]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) overflow |= !isfinite(s[mq][nt][e]);
+    for (int nt = 0; nt < NT; ++nt) {
+      f16x2_to_float2(acc[mq][piece * NT + nt][0], s[mq][nt][0], s[mq][nt][1]);
+      f16x2_to_float2(acc[mq][piece * NT + nt][1], s[mq][nt][2], s[mq][nt][3]);
     }
-  if (__any_sync(0xffffffffu, overflow)) {
-    // Rare: an accumulator left the f16 range, so it is inf or NaN (a non-finite partial sum
-    // never becomes finite again). Exactly those elements are recomputed with f32 accumulation,
-    // one scalar dot product each: a cold path that keeps no extra registers live.
+  if (finite) return;
 #pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq)
+  for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-      for (int nt = 0; nt < KV_NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt) {
+      bool bad = false;
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!isfinite(s[mq][nt][e])) {
-            int q_row = warp_row0 + mq * 16 + lane / 4 + 8 * (e / 2);
-            int k_row = nt * 8 + 2 * (lane % 4) + e % 2;
-            s[mq][nt][e] = dot_rows_f32(q, q_row, k, k_row);
-          }
-  }
+      for (int e = 0; e < 4; ++e) bad |= !isfinite(s[mq][nt][e]);
+      if (__any_sync(0xffffffffu, bad)) {
+        float c[4];
+        qk_tile_f32(f, k_base, mq, piece * NT + nt, c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mq][nt][e] = isfinite(s[mq][nt][e]) ? s[mq][nt][e] : c[e];
+      }
+    }
 }
 
 // Turns accumulators into logits in the softmax's units in place (variant_logit), then applies
-// the mask (-inf).
-template <bool NEEDS_MASK>
+// the mask (-inf). `s` holds keys k0.. of NT n8 tiles.
+template <bool NEEDS_MASK, int NT>
 __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
-                                       int kv_head, int k0, int lane, float (&s)[MMA_Q][KV_NT][4]) {
+                                       int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-    for (int nt = 0; nt < KV_NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int h = e / 2;
@@ -190,18 +208,19 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
       }
 }
 
-// O += P V for this warp's rows over one KV tile; P (in s) is rounded to the input dtype.
-__device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const float (&s)[MMA_Q][KV_NT][4],
-                                   float (&o)[MMA_Q][VO_NT][4]) {
+// O += P V for this warp's rows over the NT * 8 keys of `P` (F32Logits or F16Logits after the
+// softmax update), V rows from `v_base`.
+template <int NT, typename Probs>
+__device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, float (&o)[MMA_Q][VO_NT][4]) {
 #pragma unroll
-  for (int kk = 0; kk < KV_SUB / 16; ++kk) {
+  for (int kk = 0; kk < NT / 2; ++kk) {
     u32_t a[MMA_Q][4];
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
-      a[mq][0] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-      a[mq][1] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-      a[mq][2] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-      a[mq][3] = DTypeTraits<DTypeIn>::pack2(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+      a[mq][0] = P.p_pair(mq, 2 * kk, 0);
+      a[mq][1] = P.p_pair(mq, 2 * kk, 1);
+      a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
+      a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
     }
 #pragma unroll
     for (int db = 0; db < VO_NT / 2; ++db) {
@@ -246,6 +265,17 @@ struct QueryTile {
     token = packed / group;
     head = kv_head * group + (packed - token * group);
     return packed < packed_len;
+  }
+
+  // The coordinates of this thread's fragment rows.
+  __device__ __forceinline__ RowCoords row_coords(int warp_row0, int lane) const {
+    RowCoords rows;
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        rows.valid[mq][h] = coords(warp_row0 + mq * 16 + lane / 4 + 8 * h, rows.token[mq][h], rows.head[mq][h]);
+    return rows;
   }
 };
 
@@ -306,6 +336,24 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
     }
 }
 
+// The rest of a sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..): the mask
+// and the transform where they apply, the softmax update and O += P V (V rows from v_base).
+template <int NT>
+__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const RowCoords& rows,
+                                                  const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
+                                                  int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
+                                                  float softmax_scale, OnlineSoftmax<MMA_Q>& softmax,
+                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4]) {
+  if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
+    logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
+  } else if constexpr (VARIANT_HAS_TRANSFORM) {
+    logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
+  }
+  const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
+  softmax.update(probs, o, softmax_scale);
+  pv<NT>(f, v_base, probs, o);
+}
+
 // One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
 // over one chunk of it when the plan splits the KV range.
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
@@ -327,12 +375,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.group = p.group_size;
   const int warp_row0 = WARPS_SPLIT_KEYS ? 0 : warp * MMA_Q * 16;
 
-  RowCoords rows;
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      rows.valid[mq][h] = tile.coords(warp_row0 + mq * 16 + lane / 4 + 8 * h, rows.token[mq][h], rows.head[mq][h]);
+  RowCoords rows = tile.row_coords(warp_row0, lane);
 
   const int tok_lo = tile.row0 / tile.group;
   const int tok_hi = (min(tile.row0 + CTA_Q, tile.packed_len) - 1) / tile.group;
@@ -417,15 +460,19 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     });
     load_k(0);  // Q, K_0 and V_0: the first tile's groups
     load_v(0);
+    if constexpr (spec::QK_F16_ACCUM) {
+      // Each thread scales the Q chunks it copied itself, once they have landed (with K_0 and V_0,
+      // which the first tile waits for anyway); the first tile's barrier publishes them. Out of
+      // the main loop, whose registers it would otherwise share.
+      cp_async_wait<0>();
+      prescale_q(q_tile, smem, p.q_prescale);
+    }
   }
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<0>();  // K_t and V_t (and Q, with the first tile) have landed
-    if constexpr (spec::QK_F16_ACCUM) {
-      if (t == 0) prescale_q(q_tile, smem, p.q_prescale);
-    }
     __syncthreads();
     // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
     // while this whole tile computes.
@@ -439,19 +486,29 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
       const SmemTile<QK_CHUNKS> k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
       const SmemTile<VO_CHUNKS> v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
-      float s[MMA_Q][KV_NT][4];
       if constexpr (spec::QK_F16_ACCUM) {
-        qk_f16(q_tile, k_sub, warp_row0, lane, frag, s);
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16(frag, k_sub.base, acc);
+        if (!VARIANT_HAS_TRANSFORM && finite &&
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
+          // The hot path: the softmax takes the accumulators as they are.
+          const F16Logits<MMA_Q, KV_NT> probs{acc};
+          softmax.update(probs, o, softmax_scale);
+          pv<KV_NT>(frag, v_sub.base, probs, o);
+        } else {
+#pragma unroll
+          for (int piece = 0; piece < KV_SUB / F16_FLOAT_PIECE; ++piece) {
+            float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
+            widen_f16(frag, k_sub.base, acc, piece, finite, s);
+            float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
+                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o);
+          }
+        }
       } else {
+        float s[MMA_Q][KV_NT][4];
         qk_f32(frag, k_sub.base, s);
+        float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s, o);
       }
-      if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
-        logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
-      } else if constexpr (VARIANT_HAS_TRANSFORM) {
-        logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
-      }
-      softmax.update(s, o, softmax_scale);
-      pv(frag, v_sub.base, s, o);
     }
   }
 
@@ -462,6 +519,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
   }
 
+  if constexpr (spec::QK_F16_ACCUM) {
+    // The f16-QK kernels run 64-key sub-tiles that need every register of the main loop: the rows'
+    // coordinates the epilogue uses are computed again here rather than held through the loop.
+    // From a fresh read of the lane id, which the compiler cannot merge with the first one (it
+    // would otherwise reuse the first results and keep them live after all).
+    rows = tile.row_coords(warp_row0, lane_id());
+  }
   float sink_log2[MMA_Q][2];
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)

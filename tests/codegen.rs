@@ -24,7 +24,7 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap())[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32)[0],
     }
 }
 
@@ -210,7 +210,7 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 #[test]
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
-    let any_tile = TileConfig::row_tiles(dims)[0];
+    let any_tile = TileConfig::row_tiles(dims, QkAccum::F32)[0];
     let f32_problem =
         AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F32);
     match KernelSpec::for_problem(&f32_problem, KvCache::Ragged, any_tile) {

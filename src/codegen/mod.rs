@@ -47,7 +47,8 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
 
 /// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
 /// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
-/// each tile the planner can pick for the head dims (the key-split decode tile included).
+/// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
+/// tile included).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,
@@ -71,7 +72,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
                         for kv in KvCache::ALL {
-                            for tile in TileConfig::candidates(head_dims) {
+                            for tile in TileConfig::candidates(head_dims, qk_accum) {
                                 specs.push(KernelSpec {
                                     input_dtype: dtype,
                                     output_dtype: dtype,

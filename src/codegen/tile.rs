@@ -3,7 +3,7 @@
 //! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
-use crate::problem::HeadDims;
+use crate::problem::{HeadDims, QkAccum};
 
 /// How one CTA of the prefill kernel is tiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -88,11 +88,13 @@ impl TileConfig {
         valid.then_some(t)
     }
 
-    /// Every configuration the planner can pick for a kernel with these head dims (the compile
-    /// matrix covers them all), widest first, the key-split tile for short query tiles last;
-    /// the row tiles were chosen by the tile sweeps on the H200 recorded in
-    /// `docs/perf-notes.md`.
-    pub fn candidates(dims: HeadDims) -> Vec<TileConfig> {
+    /// Every configuration the planner can pick for a kernel with these head dims and QK
+    /// accumulation (the compile matrix covers them all), widest first, the key-split tile for
+    /// short query tiles last; the row tiles were chosen by the tile sweeps on the H200 recorded
+    /// in `docs/perf-notes.md`. With f16 accumulators S takes half the registers, so head dim
+    /// 128 computes whole 64-key tiles (`w4q2kv64`) where f32 accumulation computes 32 keys at a
+    /// time (`w4q2kv64s32`).
+    pub fn candidates(dims: HeadDims, qk_accum: QkAccum) -> Vec<TileConfig> {
         let tile = |mma_q, kv_tile, kv_sub| TileConfig {
             num_warps: 4,
             mma_q,
@@ -100,10 +102,11 @@ impl TileConfig {
             kv_sub,
             split_keys: false,
         };
-        let mut tiles = match dims.qk() {
-            64 => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            128 => vec![tile(2, 64, 32), tile(1, 64, 64)],
-            192 => vec![tile(1, 64, 32)],
+        let mut tiles = match (dims.qk(), qk_accum) {
+            (64, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
+            (128, QkAccum::F16) => vec![tile(2, 64, 64), tile(1, 64, 64)],
+            (128, QkAccum::F32) => vec![tile(2, 64, 32), tile(1, 64, 64)],
+            (192, _) => vec![tile(1, 64, 32)],
             _ => vec![tile(1, 32, 32)],
         };
         tiles.push(Self::key_split(dims));
@@ -139,8 +142,8 @@ impl TileConfig {
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
     /// first; `cuda::choose_tile` picks one of them by simulating the block scheduler.
-    pub fn row_tiles(dims: HeadDims) -> Vec<TileConfig> {
-        Self::candidates(dims)
+    pub fn row_tiles(dims: HeadDims, qk_accum: QkAccum) -> Vec<TileConfig> {
+        Self::candidates(dims, qk_accum)
             .into_iter()
             .filter(|t| !t.split_keys)
             .collect()

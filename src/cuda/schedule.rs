@@ -160,7 +160,7 @@ pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
     if max_packed_rows <= key_split.cta_q() as usize {
         return key_split;
     }
-    let rows = TileConfig::row_tiles(dims);
+    let rows = TileConfig::row_tiles(dims, problem.qk_accum);
     let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
     let slots = sm_count * ROW_TILE_CTAS_PER_SM;
     let mut best: Option<(u64, TileConfig)> = None;
