@@ -519,13 +519,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
   }
 
-  if constexpr (spec::QK_F16_ACCUM) {
-    // The f16-QK kernels run 64-key sub-tiles that need every register of the main loop: the rows'
-    // coordinates the epilogue uses are computed again here rather than held through the loop.
-    // From a fresh read of the lane id, which the compiler cannot merge with the first one (it
-    // would otherwise reuse the first results and keep them live after all).
-    rows = tile.row_coords(warp_row0, lane_id());
-  }
+  // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
+  // uses are computed again here rather than held through the loop. From a fresh read of the lane
+  // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
+  // results and keep them live after all).
+  rows = tile.row_coords(warp_row0, lane_id());
   float sink_log2[MMA_Q][2];
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)

@@ -91,9 +91,11 @@ impl TileConfig {
     /// Every configuration the planner can pick for a kernel with these head dims and QK
     /// accumulation (the compile matrix covers them all), widest first, the key-split tile for
     /// short query tiles last; the row tiles were chosen by the tile sweeps on the H200 recorded
-    /// in `docs/perf-notes.md`. With f16 accumulators S takes half the registers, so head dim
-    /// 128 computes whole 64-key tiles (`w4q2kv64`) where f32 accumulation computes 32 keys at a
-    /// time (`w4q2kv64s32`).
+    /// in `docs/perf-notes.md`. Head dim 128 computes whole 64-key tiles (`w4q2kv64`) with
+    /// either accumulator. With f32 accumulators S takes 64 of the 255 registers and ptxas spills
+    /// a few values (the KV range bounds and the row sums, within the budget below): measured
+    /// faster on the H200 than 32-key sub-tiles (`w4q2kv64s32`), which run the softmax
+    /// bookkeeping twice per tile (session 5 log in `docs/perf-notes.md`).
     pub fn candidates(dims: HeadDims, qk_accum: QkAccum) -> Vec<TileConfig> {
         let tile = |mma_q, kv_tile, kv_sub| TileConfig {
             num_warps: 4,
@@ -104,8 +106,7 @@ impl TileConfig {
         };
         let mut tiles = match (dims.qk(), qk_accum) {
             (64, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (128, QkAccum::F16) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (128, QkAccum::F32) => vec![tile(2, 64, 32), tile(1, 64, 64)],
+            (128, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
             (192, _) => vec![tile(1, 64, 32)],
             _ => vec![tile(1, 32, 32)],
         };

@@ -187,7 +187,7 @@ pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
 }
 
 /// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
-/// (`w4q2kv64s32`: 250 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
+/// (`w4q2kv64`: 255 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
 /// KV split of the chosen tile is then planned with the loaded kernel's real occupancy.
 const ROW_TILE_CTAS_PER_SM: usize = 2;
 
