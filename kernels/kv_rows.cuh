@@ -6,8 +6,11 @@
 // element, so NHD and HND pages, and K and V in separate or combined buffers, differ only in the
 // strides the host passes. The page table was validated on the host, so every page id is in range.
 // A paged tile's page ids can be staged in shared memory one tile ahead (stage_page_ids_async),
-// so that the K/V copies of a tile never wait for a page-table read from global memory.
-// Requires: common.cuh, mma.cuh (cp_async_16), smem_tile.cuh.
+// so that the K/V copies of a tile never wait for a page-table read from global memory. The main
+// loop copies the K and V rows of a tile together (load_kv_tiles_staged_async): paged, each row's
+// page id, slot and validity serve both, and each thread's pointer arithmetic is set up once per
+// CTA (PagedKvThread).
+// Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, ld_shared_s32), smem_tile.cuh.
 
 template <typename T, bool PAGED>
 struct KvRows {
@@ -60,74 +63,201 @@ __device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, 
   for (int k = 0; k < (ROWS + NUM_THREADS - 1) / NUM_THREADS; ++k) {
     const int i = k * NUM_THREADS + threadIdx.x;
     if (ROWS % NUM_THREADS == 0 || i < ROWS) {
-      cp_async_4(ids + 4 * i, src.pages + ((j0 + i) >> src.page_shift), i < valid_rows);
+      // j0 + i >= 0: an unsigned shift, and the entry's address as one wide multiply-add.
+      const u32_t entry = static_cast<u32_t>(j0 + i) >> src.page_shift;
+      cp_async_4(ids + 4 * i, reinterpret_cast<const int*>(mad_wide_u32(entry, 4, reinterpret_cast<u64_t>(src.pages))),
+                 i < valid_rows);
     }
   }
 }
 
-// The copies of one thread in load_kv_rows_staged_async's paged path: rows row0, row0 +
-// ROWS_PER_PASS, .. at its chunk, each at chunk_base + page * page_bytes + slot * token_bytes.
-// Stride is u32_t when both byte strides fit (then each term is one wide multiply-add) or
-// u64_t.
-template <int ROWS, int ROWS_PER_PASS, typename Stride, int ROW_CHUNKS>
-__device__ __forceinline__ void load_paged_rows_pass(const SmemTile<ROW_CHUNKS>& tile, int row0, int chunk,
-                                                     const char* chunk_base, Stride page_bytes, Stride token_bytes,
-                                                     int page_mask, u32_t ids, int j0, int valid_rows) {
-  const u32_t dst0 = tile.chunk_addr(row0, chunk);
+// How the main loop's paged copies share out a tile: 8 threads to a row. Thread `tid` takes
+// chunks c, c + 8, .. (c = tid % 8) of rows row0 + i * ROWS_PER_PASS (row0 = tid / 8). The 8
+// threads of a row read 128 contiguous bytes per copy instruction, so a warp still reads whole
+// 128-byte lines (four rows' worth; with one thread per chunk of a 256-byte row it read two rows),
+// and the 8 chunks an instruction writes to a tile row land on distinct swizzle positions (no bank
+// conflict). A thread's chunks of one row sit 128 bytes apart both in global memory and in the
+// tile (the swizzle changes only the low 3 bits of the chunk index), so one source pointer and
+// one shared-memory address serve them all, the rest at immediate offsets: a thread addresses
+// ROW_CHUNKS / 8 times fewer rows than with one chunk per thread.
+template <int NUM_THREADS>
+struct RowSplit {
+  static_assert(NUM_THREADS % 8 == 0, "whole rows of 8 threads");
+  static constexpr int ROWS_PER_PASS = NUM_THREADS / 8;  // tiles of a multiple of this many rows
+  int row0, chunk0;
+
+  __device__ __forceinline__ RowSplit() : row0(threadIdx.x / 8), chunk0(threadIdx.x % 8) {}
+
+  __device__ __forceinline__ int row(int i) const { return row0 + i * ROWS_PER_PASS; }
+
+  // Where chunk c of the thread's i-th row goes. With whole groups of 8 rows per pass every row
+  // of the thread has the same swizzle: one address plus constants.
+  template <int ROW_CHUNKS>
+  __device__ __forceinline__ u32_t dst(const SmemTile<ROW_CHUNKS>& tile, int i) const {
+    return ROWS_PER_PASS % 8 == 0
+               ? tile.chunk_addr(row0, chunk0) + static_cast<u32_t>(i * ROWS_PER_PASS * ROW_CHUNKS * 16)
+               : tile.chunk_addr(row(i), chunk0);
+  }
+};
+
+// One thread's copies of one row (RowSplit): chunks c, c + 8, .. from `src` (chunk c of the row)
+// to `dst` (where chunk c goes), 128 bytes apart on both sides; zeros when `valid` is false.
+template <int ROW_CHUNKS>
+__device__ __forceinline__ void copy_row_chunks_async(u32_t dst, const char* src, bool valid) {
+#pragma unroll
+  for (int s = 0; s < ROW_CHUNKS / 8; ++s) cp_async_16(dst + 128 * s, src + 128 * s, valid);
+}
+
+// The byte strides of a paged tensor: u32_t when both fit 32 bits, else u64_t.
+template <typename Bytes>
+struct PageStrides {
+  Bytes page_bytes, token_bytes;
+};
+
+// Paged: `base` + page * page_bytes + slot * token_bytes, as two wide multiply-adds when the
+// strides are u32_t. Page ids were validated on the host, so they are non-negative: unsigned
+// products.
+template <typename Bytes>
+__device__ __forceinline__ const char* paged_chunk(const char* base, u32_t page, u32_t slot, PageStrides<Bytes> s) {
+  if constexpr (sizeof(Bytes) == 4) {
+    return reinterpret_cast<const char*>(
+        mad_wide_u32(slot, s.token_bytes, mad_wide_u32(page, s.page_bytes, reinterpret_cast<u64_t>(base))));
+  } else {
+    return base + static_cast<u64_t>(page) * s.page_bytes + static_cast<u64_t>(slot) * s.token_bytes;
+  }
+}
+
+// Paged K and V as one thread of the main loop's copies (RowSplit) sees them, formed once per CTA:
+// the byte strides, the copy path they allow, and the thread's base pointers. K and V share the
+// page table and the page size; the host passes only strides, so NHD and HND pages and separate
+// or combined K/V buffers all come here the same way. Paths (uniform, fixed per launch):
+// - NARROW: every byte stride fits 32 bits (any realistic cache): u32_t products. WIDE: u64_t.
+// - NARROW_SAME: NARROW, and K and V have the same strides (the usual case: only the bases
+//   differ). V is then given K's strides, so each row's page and slot products serve both.
+// The base pointers (the thread's chunk c of slot 0 of page 0 in K and in V) live in 16 bytes of
+// shared memory per thread at `stash`, written here and read back by the same thread in each
+// tile: kept in registers, ptxas recomputes them from the kernel parameters in every tile
+// instead (~20 instructions per tile at sm_90a).
+template <typename T, int NUM_THREADS>
+struct PagedKvThread {
+  enum Path { NARROW_SAME, NARROW, WIDE };
+  PageStrides<u64_t> k_bytes, v_bytes;
+  int page_mask;
+  Path path;
+  u32_t stash;
+
+  __device__ __forceinline__ PagedKvThread(const KvRows<T, true>& k, const KvRows<T, true>& v, u32_t stash_base)
+      : k_bytes{static_cast<u64_t>(k.page_stride) * sizeof(T), static_cast<u64_t>(k.token_stride) * sizeof(T)},
+        v_bytes{static_cast<u64_t>(v.page_stride) * sizeof(T), static_cast<u64_t>(v.token_stride) * sizeof(T)},
+        page_mask(k.page_mask),
+        stash(stash_base + 16 * threadIdx.x) {
+    const bool narrow =
+        ((k_bytes.page_bytes | k_bytes.token_bytes | v_bytes.page_bytes | v_bytes.token_bytes) >> 32) == 0;
+    const bool same = k_bytes.page_bytes == v_bytes.page_bytes && k_bytes.token_bytes == v_bytes.token_bytes;
+    path = !narrow ? WIDE : same ? NARROW_SAME : NARROW;
+    const RowSplit<NUM_THREADS> split;
+    const char* k_base = reinterpret_cast<const char*>(k.base) + split.chunk0 * 16;
+    const char* v_base = reinterpret_cast<const char*>(v.base) + split.chunk0 * 16;
+    asm volatile("st.shared.v2.u64 [%0], {%1, %2};" ::"r"(stash), "l"(k_base), "l"(v_base));
+  }
+
+  // The thread's base pointers in K and V (see above).
+  __device__ __forceinline__ void bases(const char*& k_base, const char*& v_base) const {
+    asm volatile("ld.shared.v2.u64 {%0, %1}, [%2];" : "=l"(k_base), "=l"(v_base) : "r"(stash));
+  }
+
+  __device__ __forceinline__ static PageStrides<u32_t> narrowed(const PageStrides<u64_t>& b) {
+    return {static_cast<u32_t>(b.page_bytes), static_cast<u32_t>(b.token_bytes)};
+  }
+};
+
+// Paged: one thread's copies (RowSplit) of the K and V rows [j0, j0 + ROWS) of one key tile, with
+// byte strides `k_bytes` and `v_bytes`. K and V rows of a tile are the same tokens, so each row's
+// page id (read from the stage at `ids`), slot and validity serve both; each tensor then forms one
+// pointer per row from the thread's base pointer. Rows at or past valid_rows (none when WHOLE)
+// are zero-filled: their page id in the stage is 0 (stage_page_ids_async), so the pointer is well
+// formed, and cp.async reads none of it.
+template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes>
+__device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS>& k_tile, const SmemTile<V_CHUNKS>& v_tile,
+                                                   const PagedKvThread<T, NUM_THREADS>& src, PageStrides<Bytes> k_bytes,
+                                                   PageStrides<Bytes> v_bytes, u32_t ids, int j0, int valid_rows) {
+  using Split = RowSplit<NUM_THREADS>;
+  constexpr int PASSES = ROWS / Split::ROWS_PER_PASS;
+  const Split split;
   // The page ids first, then the copies (fewer shared-load/cp.async alternations).
-  u32_t page[ROWS / ROWS_PER_PASS];
+  u32_t page[PASSES];
 #pragma unroll
-  for (int i = 0; i < ROWS / ROWS_PER_PASS; ++i) {
-    // Page ids are in range (validated on the host), so non-negative: unsigned products.
-    page[i] = static_cast<u32_t>(ld_shared_s32(ids + 4 * (row0 + i * ROWS_PER_PASS)));
-  }
+  for (int i = 0; i < PASSES; ++i) page[i] = static_cast<u32_t>(ld_shared_s32(ids + 4 * split.row(i)));
+  const char *k_base, *v_base;
+  src.bases(k_base, v_base);
 #pragma unroll
-  for (int i = 0; i < ROWS / ROWS_PER_PASS; ++i) {
-    const int row = row0 + i * ROWS_PER_PASS;
-    const u32_t slot = static_cast<u32_t>((j0 + row) & page_mask);
-    const char* p;
-    if constexpr (sizeof(Stride) == 4) {
-      // Two wide multiply-adds, in this order (the compiler's own association costs ~3 more).
-      p = reinterpret_cast<const char*>(
-          mad_wide_u32(slot, token_bytes, mad_wide_u32(page[i], page_bytes, reinterpret_cast<u64_t>(chunk_base))));
-    } else {
-      p = chunk_base + static_cast<u64_t>(page[i]) * page_bytes + static_cast<u64_t>(slot) * token_bytes;
-    }
-    const u32_t dst = ROWS_PER_PASS % 8 == 0 ? dst0 + static_cast<u32_t>(i * ROWS_PER_PASS * ROW_CHUNKS * 16)
-                                             : tile.chunk_addr(row, chunk);
-    cp_async_16(dst, p, row < valid_rows);
+  for (int i = 0; i < PASSES; ++i) {
+    const int row = split.row(i);
+    const bool valid = WHOLE || row < valid_rows;
+    const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
+    copy_row_chunks_async<K_CHUNKS>(split.dst(k_tile, i), paged_chunk(k_base, page[i], slot, k_bytes), valid);
+    copy_row_chunks_async<V_CHUNKS>(split.dst(v_tile, i), paged_chunk(v_base, page[i], slot, v_bytes), valid);
   }
 }
 
-// Rows [j0, j0 + ROWS) into `tile` as load_kv_rows_async does; paged rows take their page ids
-// from the shared-memory stage at `ids` (filled by stage_page_ids_async for the same j0). When
-// a thread's rows all sit at one chunk (NUM_THREADS a multiple of ROW_CHUNKS), it forms one
-// pointer per row from a pointer to its chunk of page 0 and one shared-memory address per row
-// group: no per-chunk select (a row past the end has page id 0 in the stage, so its pointer is
-// well formed, and cp.async reads none of it).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED>
-__device__ __forceinline__ void load_kv_rows_staged_async(const SmemTile<ROW_CHUNKS>& tile, const KvRows<T, PAGED>& src,
+// Paged, when RowSplit does not split the tile evenly: rows [j0, j0 + ROWS) of one tensor, one
+// page-id read per chunk.
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T>
+__device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHUNKS>& tile, const KvRows<T, true>& src,
                                                           u32_t ids, int j0, int valid_rows) {
-  if constexpr (PAGED && NUM_THREADS % ROW_CHUNKS == 0) {
-    constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);
-    constexpr int ROWS_PER_PASS = NUM_THREADS / ROW_CHUNKS;
-    static_assert(ROWS % ROWS_PER_PASS == 0, "tile rows must split evenly over passes");
-    const int row0 = threadIdx.x / ROW_CHUNKS, chunk = threadIdx.x % ROW_CHUNKS;
-    const char* chunk_base = reinterpret_cast<const char*>(src.base + chunk * ELEMS_PER_CHUNK);
-    const u64_t page_bytes = src.page_stride * sizeof(T), token_bytes = src.token_stride * sizeof(T);
-    if (((page_bytes | token_bytes) >> 32) == 0) {
-      load_paged_rows_pass<ROWS, ROWS_PER_PASS>(tile, row0, chunk, chunk_base, static_cast<u32_t>(page_bytes),
-                                                static_cast<u32_t>(token_bytes), src.page_mask, ids, j0, valid_rows);
+  load_tile_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, [&](int row, bool& valid) {
+    valid = row < valid_rows;
+    return valid ? src.in_page(ld_shared_s32(ids + 4 * row), j0 + row) : src.base;
+  });
+}
+
+// The K and V rows of a request (KvRows each) and, paged, one thread's view of both for the main
+// loop's copies (PagedKvThread; its stash at `stash_base` takes NUM_THREADS * 16 bytes of shared
+// memory), formed once per CTA.
+template <typename T, bool PAGED, int NUM_THREADS>
+struct KvSource {
+  KvRows<T, PAGED> k, v;
+  PagedKvThread<T, NUM_THREADS> paged;
+
+  __device__ __forceinline__ KvSource(const KvRows<T, PAGED>& k_rows, const KvRows<T, PAGED>& v_rows, u32_t stash_base)
+      : k(k_rows), v(v_rows), paged(k_rows, v_rows, stash_base) {}
+};
+
+template <typename T, int NUM_THREADS>
+struct KvSource<T, false, NUM_THREADS> {
+  KvRows<T, false> k, v;
+
+  __device__ __forceinline__ KvSource(const KvRows<T, false>& k_rows, const KvRows<T, false>& v_rows, u32_t)
+      : k(k_rows), v(v_rows) {}
+};
+
+// The K and V rows [j0, j0 + ROWS) of one key tile into `k_tile` and `v_tile` (one cp.async group
+// for the caller to commit), as load_kv_rows_async does for each; paged rows take their page ids
+// from the shared-memory stage at `ids` (filled by stage_page_ids_async for the same j0).
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED>
+__device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUNKS>& k_tile,
+                                                           const SmemTile<V_CHUNKS>& v_tile,
+                                                           const KvSource<T, PAGED, NUM_THREADS>& src, u32_t ids,
+                                                           int j0, int valid_rows) {
+  if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
+    // Uniform branches: a whole tile (every tile but a request's last) compares no row; on the
+    // same-stride path V is given K's strides.
+    using Thread = PagedKvThread<T, NUM_THREADS>;
+    const Thread& p = src.paged;
+    const PageStrides<u32_t> k32 = Thread::narrowed(p.k_bytes), v32 = Thread::narrowed(p.v_bytes);
+    const bool whole = valid_rows >= ROWS;
+    if (whole && p.path == Thread::NARROW_SAME) {
+      load_paged_kv_pass<ROWS, true>(k_tile, v_tile, p, k32, k32, ids, j0, valid_rows);
+    } else if (p.path != Thread::WIDE) {
+      load_paged_kv_pass<ROWS, false>(k_tile, v_tile, p, k32, v32, ids, j0, valid_rows);
     } else {
-      load_paged_rows_pass<ROWS, ROWS_PER_PASS>(tile, row0, chunk, chunk_base, page_bytes, token_bytes, src.page_mask,
-                                                ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, false>(k_tile, v_tile, p, p.k_bytes, p.v_bytes, ids, j0, valid_rows);
     }
   } else if constexpr (PAGED) {
-    load_tile_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, [&](int row, bool& valid) {
-      valid = row < valid_rows;
-      return valid ? src.in_page(ld_shared_s32(ids + 4 * row), j0 + row) : src.base;
-    });
+    load_paged_rows_any_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, ids, j0, valid_rows);
+    load_paged_rows_any_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, ids, j0, valid_rows);
   } else {
-    load_kv_rows_async<ROWS, ROW_CHUNKS, NUM_THREADS>(tile, src, j0, valid_rows);
+    load_kv_rows_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, j0, valid_rows);
+    load_kv_rows_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, j0, valid_rows);
   }
 }

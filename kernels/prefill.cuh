@@ -43,9 +43,11 @@ constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 ? 32 : 16;
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
-// Paged: the page id of every key row of two KV tiles (the next tile's copies read them).
+// Paged: the page id of every key row of two KV tiles (the next tile's copies read them), and
+// each thread's K and V base pointers (PagedKvThread).
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
-constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES;
+constexpr int KV_BASES_BYTES = spec::KV_PAGED ? NUM_THREADS * 16 : 0;
+constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES;
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
@@ -53,7 +55,7 @@ static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-spl
 static_assert(!WARPS_SPLIT_KEYS ||
                   (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= 2 * (K_TILE_BYTES + V_TILE_BYTES),
               "key-split warps: the K/V buffers hold the warps' states for the merge");
-using KvSource = KvRows<DTypeIn, spec::KV_PAGED>;
+using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
 
 // Where this thread's fragment rows sit: token within the request and query head.
 struct RowCoords {
@@ -402,37 +404,29 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // Ragged rows start at the request's first key; paged rows at its first page.
   const i64_t kv_row0 = spec::KV_PAGED ? 0 : kv_start;
   const int* pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[request] : nullptr;
-  const KvSource k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
+  const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
                         p.k_stride_token, pages, p.k_page_stride, p.page_shift, p.page_mask};
-  const KvSource v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
+  const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
                         p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask};
 
   // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
-  // 0's rows read the page table directly).
+  // 0's rows read the page table directly). The threads' K and V base pointers follow.
   const u32_t ids_base = v_base + 2 * V_TILE_BYTES;
   auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
+  const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
-  // K and V of tile t go to buffer t % 2 as cp.async groups; a group is committed even when empty
+  // K and V of tile t go to buffer t % 2 as one cp.async group, with (paged) the page ids of tile
+  // t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the last to read (they were
+  // issued before the barrier that precedes this call). The group is committed even when empty
   // (past the last tile) so that every iteration waits for the same groups.
-  auto load_k = [&](int t) {
+  auto load_kv = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       if (t > 0) {
-        load_kv_rows_staged_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, page_ids(t), k0, m.kv_len - k0);
+        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
+                                                                               k0, m.kv_len - k0);
       } else {
         load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
-      }
-    }
-    cp_async_commit();
-  };
-  // V of tile t, and (paged) the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's
-  // copies were the last to read (they were issued before the barrier that precedes this call).
-  auto load_v = [&](int t) {
-    if (t < num_tiles) {
-      const int k0 = kv_lo + t * KV_TILE;
-      if (t > 0) {
-        load_kv_rows_staged_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, page_ids(t), k0, m.kv_len - k0);
-      } else {
         load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
       }
       if (t + 1 < num_tiles) {
@@ -458,8 +452,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       valid = tile.coords(row, token, head);
       return q_ptr + (valid ? static_cast<i64_t>(qo_start + token) * p.q_stride_token + head * p.q_stride_head : 0);
     });
-    load_k(0);  // Q, K_0 and V_0: the first tile's groups
-    load_v(0);
+    load_kv(0);  // Q, K_0 and V_0: the first group
     if constexpr (spec::QK_F16_ACCUM) {
       // Each thread scales the Q chunks it copied itself, once they have landed (with K_0 and V_0,
       // which the first tile waits for anyway); the first tile's barrier publishes them. Out of
@@ -476,8 +469,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     __syncthreads();
     // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
     // while this whole tile computes.
-    load_k(t + 1);
-    load_v(t + 1);
+    load_kv(t + 1);
     // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
     // addresses and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
 #pragma unroll 1

@@ -165,13 +165,13 @@ impl KernelSpec {
     }
 
     /// Dynamic shared memory per CTA: the tile's buffers, plus (paged) the page ids of two KV
-    /// tiles, staged one tile ahead.
+    /// tiles, staged one tile ahead, and each thread's K and V base pointers (16 bytes).
     pub fn smem_bytes(&self) -> u32 {
-        let page_ids = match self.kv {
+        let paged = match self.kv {
             KvCache::Ragged => 0,
-            KvCache::Paged => 2 * self.tile.kv_tile * 4,
+            KvCache::Paged => 2 * self.tile.kv_tile * 4 + self.tile.threads() * 16,
         };
-        self.tile.smem_bytes(self.head_dims) + page_ids
+        self.tile.smem_bytes(self.head_dims) + paged
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
