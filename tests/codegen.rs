@@ -130,7 +130,7 @@ fn every_code_changing_field_changes_the_source() {
             ..b.clone()
         },
         KernelSpec {
-            tile: TileConfig::parse("w4q2kv64").unwrap(),
+            tile: TileConfig::parse("w4q2kv64s32").unwrap(),
             ..b.clone()
         },
         KernelSpec {
@@ -175,6 +175,28 @@ fn tiles_round_trip_through_their_labels() {
     }
     for bad in ["", "w4", "w4q2kv60", "w4q2kv64s48", "w9q1kv64", "x4q1kv64"] {
         assert!(TileConfig::parse(bad).is_none(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
+    // The 64-key tile measured faster than 32-key sub-tiles with f32 accumulators too
+    // (docs/perf-notes.md, session 5 run 1); no head dim depends on the accumulation today.
+    let labels = |dims: HeadDims, accum| -> Vec<String> {
+        TileConfig::candidates(dims, accum)
+            .iter()
+            .map(|t| t.label())
+            .collect()
+    };
+    let d128 = HeadDims::equal(128).unwrap();
+    for accum in [QkAccum::F16, QkAccum::F32] {
+        assert_eq!(
+            labels(d128, accum),
+            ["w4q2kv64", "w4q1kv64", "w4q1kv64s16k"]
+        );
+    }
+    for dims in [64, 256].map(|d| HeadDims::equal(d).unwrap()) {
+        assert_eq!(labels(dims, QkAccum::F16), labels(dims, QkAccum::F32));
     }
 }
 
