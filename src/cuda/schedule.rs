@@ -299,9 +299,12 @@ fn item_costs(
             }
         }
     }
-    // Stable: equal costs keep request/tile/head order, which keeps neighbouring CTAs on
-    // neighbouring data.
-    items.sort_by_key(|&(cost, _)| std::cmp::Reverse(cost));
+    // Equal costs go head by head (request, KV head, query tile, chunk): the CTAs resident at
+    // one time then share the K/V of few heads, which stay in L2, rather than each reading
+    // another head's (a long non-causal prefill's 32 heads of K/V are several times the L2).
+    items.sort_by_key(|&(cost, [r, tile, kv_head, chunk])| {
+        (std::cmp::Reverse(cost), r, kv_head, tile, chunk)
+    });
     items
 }
 
