@@ -4,8 +4,8 @@
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
 // f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
-// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, request_of, the mask-kind constants, LOG2E
-// and LN2.
+// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, request_of, FastDivisor, the mask-kind
+// constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -27,6 +27,17 @@ __device__ __forceinline__ u64_t mad_wide_u32(u32_t a, u32_t b, u64_t c) {
   asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(a), "r"(b), "l"(c));
   return r;
 }
+
+// Division of 0 <= n < 2^31 by a divisor fixed for the launch, from the multiplier and shift the
+// host computes (`codegen::FastDivisor`): a multiply-high, an add and a shift instead of the
+// twenty-odd instructions of an int division. umulhi(n, magic) < n, so the sum fits in 32 bits.
+struct FastDivisor {
+  u32_t magic;
+  int shift;
+  __device__ __forceinline__ int div(int n) const {
+    return static_cast<int>((__umulhi(static_cast<u32_t>(n), magic) + static_cast<u32_t>(n)) >> shift);
+  }
+};
 
 // -infinity (NVRTC has no constexpr builtin for it without headers).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }

@@ -261,10 +261,11 @@ struct QueryTile {
   int packed_len;
   int kv_head;
   int group;
+  FastDivisor group_div;  // divides by group
 
   __device__ __forceinline__ bool coords(int row, int& token, int& head) const {
     int packed = row0 + row;
-    token = packed / group;
+    token = group_div.div(packed);
     head = kv_head * group + (packed - token * group);
     return packed < packed_len;
   }
@@ -375,12 +376,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.packed_len = m.qo_len * p.group_size;
   tile.kv_head = work.z;
   tile.group = p.group_size;
+  tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
   const int warp_row0 = WARPS_SPLIT_KEYS ? 0 : warp * MMA_Q * 16;
 
   RowCoords rows = tile.row_coords(warp_row0, lane);
 
-  const int tok_lo = tile.row0 / tile.group;
-  const int tok_hi = (min(tile.row0 + CTA_Q, tile.packed_len) - 1) / tile.group;
+  const int tok_lo = tile.group_div.div(tile.row0);
+  const int tok_hi = tile.group_div.div(min(tile.row0 + CTA_Q, tile.packed_len) - 1);
   int kv_lo, kv_hi;
   visible_key_range<spec::MASK_KIND>(m, tok_lo, tok_hi, kv_lo, kv_hi);
   // Split KV: this CTA covers one chunk (its bounds are multiples of the KV tile).

@@ -6,6 +6,7 @@
 //! `attnforge compile` and CI compile for each target architecture; [`reference_matrix`] lists the
 //! GPU reference kernels (`kernels/reference.cuh`), which they compile too.
 
+mod fast_divisor;
 mod fixed;
 mod params;
 mod reference;
@@ -14,6 +15,7 @@ mod spec;
 mod tile;
 mod variant;
 
+pub use fast_divisor::FastDivisor;
 pub use fixed::{
     render_append, render_merge_states, RenderedFixed, APPEND_THREADS, MERGE_STATES_ITEMS_PER_CTA,
     MERGE_STATES_THREADS,

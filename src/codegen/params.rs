@@ -119,6 +119,10 @@ kernel_params! {
         num_qo_heads: i32 => "int",
         /// Query heads per KV head.
         group_size: i32 => "int",
+        /// `FastDivisor::new(group_size).magic`: divides packed rows by the group size.
+        group_div_magic: u32 => "unsigned",
+        /// `FastDivisor::new(group_size).shift`.
+        group_div_shift: i32 => "int",
         /// Sliding window (keys left of the diagonal).
         window_left: i32 => "int",
         /// Power of two applied to q before an f16-accumulated dot product (1 otherwise).

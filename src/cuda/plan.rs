@@ -10,8 +10,8 @@ use super::error::{CudaError, DriverContext};
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{choose_kv_split, choose_tile, prefill_work, KvSplit, SplitChoice};
 use crate::codegen::{
-    self, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, MERGE_ROWS_PER_CTA,
-    MERGE_THREADS,
+    self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig,
+    MERGE_ROWS_PER_CTA, MERGE_THREADS,
 };
 use crate::problem::{AttentionProblem, Mask};
 use crate::Error;
@@ -206,6 +206,8 @@ impl KernelPlan {
             v_page_stride: page.v_page_stride,
             num_qo_heads: p.num_qo_heads as i32,
             group_size: p.group_size() as i32,
+            group_div_magic: FastDivisor::new(p.group_size() as u32).magic,
+            group_div_shift: FastDivisor::new(p.group_size() as u32).shift as i32,
             window_left: match p.mask {
                 Mask::SlidingWindow { window_left } => window_left as i32,
                 _ => 0,
