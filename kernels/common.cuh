@@ -4,8 +4,8 @@
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
 // f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
-// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, request_of, FastDivisor, the mask-kind
-// constants, LOG2E and LN2.
+// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, shfl_i64, request_of, FastDivisor, the
+// mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -38,6 +38,13 @@ struct FastDivisor {
     return static_cast<int>((__umulhi(static_cast<u32_t>(n), magic) + static_cast<u32_t>(n)) >> shift);
   }
 };
+
+// A 64-bit value from lane `src` of the warp (every lane takes part).
+__device__ __forceinline__ i64_t shfl_i64(i64_t v, int src) {
+  const u32_t lo = __shfl_sync(0xffffffffu, static_cast<u32_t>(v), src);
+  const u32_t hi = __shfl_sync(0xffffffffu, static_cast<u32_t>(static_cast<unsigned long long>(v) >> 32), src);
+  return static_cast<i64_t>((static_cast<unsigned long long>(hi) << 32) | lo);
+}
 
 // -infinity (NVRTC has no constexpr builtin for it without headers).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }

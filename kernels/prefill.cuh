@@ -56,6 +56,24 @@ static_assert(!WARPS_SPLIT_KEYS ||
                   (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= 2 * (K_TILE_BYTES + V_TILE_BYTES),
               "key-split warps: the K/V buffers hold the warps' states for the merge");
 using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
+// Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
+// out one row's address and the warp shares it, rather than every chunk dividing by the group.
+constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
+static_assert(CTA_Q % NUM_WARPS == 0 && Q_ROWS_PER_WARP <= 32 && Q_ROWS_PER_WARP * QK_CHUNKS % 32 == 0,
+              "Q rows: one block of at most 32 rows per warp, copied in whole warp steps");
+
+// Calls f(r, chunk) for the chunks of a block of ROWS rows of CHUNKS 16-byte chunks (r counted from
+// the block's first row) that lane `lane` handles: 32 consecutive chunks per step, so a step
+// covers whole rows where CHUNKS divides 32 and its stores coalesce.
+template <int ROWS, int CHUNKS, typename F>
+__device__ __forceinline__ void for_lane_chunks(int lane, F f) {
+  static_assert(ROWS * CHUNKS % 32 == 0, "whole warp steps");
+#pragma unroll
+  for (int i = 0; i < ROWS * CHUNKS / 32; ++i) {
+    const int idx = i * 32 + lane;
+    f(idx / CHUNKS, idx % CHUNKS);
+  }
+}
 
 // Where this thread's fragment rows sit: token within the request and query head.
 struct RowCoords {
@@ -238,20 +256,19 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
 }
 
 // Multiplies this thread's Q chunks (loaded by itself) by the f16 prescale, an exact power of two.
-__device__ __forceinline__ void prescale_q(const SmemTile<QK_CHUNKS>& q, unsigned char* q_bytes, float prescale) {
+__device__ __forceinline__ void prescale_q(const SmemTile<QK_CHUNKS>& q, unsigned char* q_bytes, float prescale,
+                                           int warp, int lane) {
   u32_t s2 = DTypeTraits<f16_t>::pack2(prescale, prescale);
-#pragma unroll
-  for (int i = 0; i < CTA_Q * QK_CHUNKS / NUM_THREADS; ++i) {
-    int idx = i * NUM_THREADS + threadIdx.x;
-    int row = idx / QK_CHUNKS, chunk = idx % QK_CHUNKS;
-    uint4* c = reinterpret_cast<uint4*>(q_bytes + (q.chunk_addr(row, chunk) - q.base));
+  const int q_row0 = warp * Q_ROWS_PER_WARP;
+  for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+    uint4* c = reinterpret_cast<uint4*>(q_bytes + (q.chunk_addr(q_row0 + r, chunk) - q.base));
     uint4 x = *c;
     x.x = f16x2_mul(x.x, s2);
     x.y = f16x2_mul(x.y, s2);
     x.z = f16x2_mul(x.z, s2);
     x.w = f16x2_mul(x.w, s2);
     *c = x;
-  }
+  });
 }
 
 // The query tile of a work item: packed rows [row0, row0 + CTA_Q) of a request's
@@ -269,6 +286,15 @@ struct QueryTile {
     head = kv_head * group + (packed - token * group);
     return packed < packed_len;
   }
+
+  // The element offset of packed row `row` in a [tokens, heads, dim] tensor of the request that
+  // starts at token `qo_start`; 0 for a row past the request's rows (never read or written).
+  __device__ __forceinline__ i64_t row_offset(int row, int qo_start, i64_t stride_token, i64_t stride_head) const {
+    int token, head;
+    return coords(row, token, head) ? static_cast<i64_t>(qo_start + token) * stride_token + head * stride_head : 0;
+  }
+
+  __device__ __forceinline__ bool valid(int row) const { return row0 + row < packed_len; }
 
   // The coordinates of this thread's fragment rows.
   __device__ __forceinline__ RowCoords row_coords(int warp_row0, int lane) const {
@@ -306,17 +332,15 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
   __syncwarp();
   constexpr int WARP_ROWS = MMA_Q * 16;
   DTypeOut* out = static_cast<DTypeOut*>(p.o);
-#pragma unroll
-  for (int i = 0; i < WARP_ROWS * VO_CHUNKS / 32; ++i) {
-    int idx = i * 32 + lane;
-    int row = warp_row0 + idx / VO_CHUNKS, chunk = idx % VO_CHUNKS;
-    int token, head;
-    if (tile.coords(row, token, head)) {
-      const uint4* src = reinterpret_cast<const uint4*>(q_bytes + (stage.chunk_addr(row, chunk) - stage.base));
-      DTypeOut* dst = out + (qo_start + token) * p.o_stride_token + head * p.o_stride_head + chunk * 8;
-      *reinterpret_cast<uint4*>(dst) = *src;
+  // Lane i works out the address of the warp's row i; the chunk loop takes it from that lane.
+  const i64_t lane_row = lane < WARP_ROWS ? tile.row_offset(warp_row0 + lane, qo_start, p.o_stride_token, p.o_stride_head) : 0;
+  for_lane_chunks<WARP_ROWS, VO_CHUNKS>(lane, [&](int r, int chunk) {
+    const i64_t row = shfl_i64(lane_row, r);
+    if (tile.valid(warp_row0 + r)) {
+      const uint4* src = reinterpret_cast<const uint4*>(q_bytes + (stage.chunk_addr(warp_row0 + r, chunk) - stage.base));
+      *reinterpret_cast<uint4*>(out + row + chunk * (16 / sizeof(DTypeOut))) = *src;
     }
-  }
+  });
 }
 
 // Writes this thread's normalised O fragments (f32) and LSE of one KV chunk to the split-KV
@@ -449,18 +473,23 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   softmax.init();
 
   if (num_tiles > 0) {
-    load_tile_async<CTA_Q, QK_CHUNKS, NUM_THREADS, DTypeIn>(q_tile, [&](int row, bool& valid) {
-      int token, head;
-      valid = tile.coords(row, token, head);
-      return q_ptr + (valid ? static_cast<i64_t>(qo_start + token) * p.q_stride_token + head * p.q_stride_head : 0);
-    });
+    {
+      // This warp's block of Q rows; lane i works out the address of its row i.
+      const int q_row0 = warp * Q_ROWS_PER_WARP;
+      const i64_t lane_row =
+          lane < Q_ROWS_PER_WARP ? tile.row_offset(q_row0 + lane, qo_start, p.q_stride_token, p.q_stride_head) : 0;
+      for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+        const i64_t row = shfl_i64(lane_row, r);
+        cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
+      });
+    }
     load_kv(0);  // Q, K_0 and V_0: the first group
     if constexpr (spec::QK_F16_ACCUM) {
       // Each thread scales the Q chunks it copied itself, once they have landed (with K_0 and V_0,
       // which the first tile waits for anyway); the first tile's barrier publishes them. Out of
       // the main loop, whose registers it would otherwise share.
       cp_async_wait<0>();
-      prescale_q(q_tile, smem, p.q_prescale);
+      prescale_q(q_tile, smem, p.q_prescale, warp, lane);
     }
   }
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
