@@ -132,13 +132,12 @@ impl TileConfig {
     /// Bytes of register spills (stores or loads, as ptxas reports them) a prefill kernel is
     /// declared to allow; `attnforge compile` fails any kernel above it.
     ///
-    /// Why not zero: ptxas leaves 60 of the 720 kernels of the matrix a few registers short
-    /// (8 to 128 bytes: mostly 255-register kernels with the split-KV store path, and a few it
-    /// caps at 128 or 168 registers by its own occupancy heuristic). In the benchmarked kernel
-    /// (`f16 d128 w4q2kv64s32`) the 8 spilled bytes are two values stored before the main loop
-    /// and reloaded in the epilogue (read off its SASS), so the loop itself is spill-free. The
-    /// budget keeps that visible and bounded; removing the spills is tracked in
-    /// `docs/perf-notes.md`.
+    /// Why not zero: ptxas leaves some 255-register kernels a few registers short. Session 5
+    /// (NVRTC, sm_90a, the 800 prefill kernels with f16 inputs): 66 spill 4 to 60 bytes of
+    /// stores, nearly all D=128 `w4q2kv64` kernels with a variant, a custom or window mask, or
+    /// f16 QK (the K/V range bounds and row sums, read off the SASS). The benchmarked f32
+    /// kernels (D=128, causal and non-causal, ragged) spill nothing. The budget keeps the rest
+    /// visible and bounded; removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
