@@ -123,7 +123,7 @@ impl KernelPlan {
         let planned = choose_kv_split(problem, cta_q, kv_tile, slots);
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
-        let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref())
+        let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref(), slots)
             .into_iter()
             .flatten()
             .collect();

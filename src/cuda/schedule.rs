@@ -5,8 +5,9 @@
 //! split (short queries over long KV: chunked prefill, append, decode-like batches), so that the
 //! grid fills every SM. Items are ordered by their estimated cost, longest first, so that a
 //! skewed batch (or the long last tiles of a causal mask) starts early and the short ones fill
-//! the gaps at the end; items of equal cost go head by head, so that the CTAs resident at one
-//! time read the K/V of few heads and it stays in L2.
+//! the gaps at the end; items of equal cost go head by head, and where the K/V that several
+//! query tiles read exceeds L2, the (request, KV head) pairs go in sections of about L2's size,
+//! longest first within each, so that the CTAs resident at one time read K/V that stays in L2.
 
 use crate::codegen::TileConfig;
 use crate::problem::{AttentionProblem, Mask};
@@ -264,7 +265,7 @@ fn makespan(
 ) -> u64 {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let costs = item_costs(problem, cta_q, split);
+    let costs = item_costs(problem, cta_q, split, slots);
     let per_item = (CTA_OVERHEAD_KEYS + split.map_or(0, |_| cta_q * PARTIAL_KEYS_PER_ROW)) as u64
         * WIDEST_KEY_COST;
     let mut free: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
@@ -278,11 +279,18 @@ fn makespan(
     end
 }
 
-/// Every work item with its cost (visible keys), longest first.
+/// K/V bytes that the CTAs resident at one time may read between them and still find in L2
+/// (an H200 has 50 MB; the rest holds the Q and O streams).
+const L2_SHARE_BYTES: usize = 32 << 20;
+
+/// Every work item with its cost (visible keys), in launch order: longest first within each
+/// L2 section ([`l2_sections`]), and equal costs head by head (request, KV head, query tile,
+/// chunk), so that the CTAs resident at one time share few heads' K/V.
 fn item_costs(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
+    slots: usize,
 ) -> Vec<(usize, WorkItem)> {
     let mut items: Vec<(usize, WorkItem)> = Vec::new();
     for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
@@ -300,23 +308,69 @@ fn item_costs(
             }
         }
     }
-    // Equal costs go head by head (request, KV head, query tile, chunk): the CTAs resident at
-    // one time then share the K/V of few heads, which stay in L2, rather than each reading
-    // another head's (a long non-causal prefill's 32 heads of K/V are several times the L2).
+    let section = l2_sections(problem, cta_q, items.len(), slots);
+    let heads = problem.num_kv_heads;
     items.sort_by_key(|&(cost, [r, tile, kv_head, chunk])| {
-        (std::cmp::Reverse(cost), r, kv_head, tile, chunk)
+        let pair = r as usize * heads + kv_head as usize;
+        (
+            section[pair],
+            std::cmp::Reverse(cost),
+            r,
+            kv_head,
+            tile,
+            chunk,
+        )
     });
     items
 }
 
-/// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`),
-/// longest first.
+/// The L2 section of every (request, KV head) pair, indexed `request * num_kv_heads + head`.
+///
+/// Every query tile of a pair reads the pair's K/V. Ordered longest first across the whole
+/// batch, the resident CTAs of a causal prefill span every pair (the same tile index of each),
+/// and when the K/V read by more than one tile exceeds [`L2_SHARE_BYTES`] each CTA fetches its
+/// K/V from DRAM (session 5: a paged prefill of 16 requests read 9.7 GB for 0.6 GB of data).
+/// Consecutive pairs are then cut into sections of about that many bytes, each ordered longest
+/// first on its own; at least a wave of CTAs (`slots`) per section, so that each section's long
+/// tiles still start early. All zeros (one section) when the reused K/V fits, as in decode,
+/// whose pairs have one tile each.
+fn l2_sections(problem: &AttentionProblem, cta_q: usize, items: usize, slots: usize) -> Vec<u32> {
+    let heads = problem.num_kv_heads;
+    let row_bytes =
+        (problem.head_dims.qk() + problem.head_dims.vo()) * problem.input_dtype.size_bytes();
+    let group = problem.group_size();
+    let pair_bytes: Vec<usize> = (0..problem.batch.len())
+        .map(|r| problem.batch.request(r).3 * row_bytes)
+        .collect();
+    let reused: usize = (0..problem.batch.len())
+        .filter(|&r| (problem.batch.request(r).1 * group).div_ceil(cta_q.max(1)) > 1)
+        .map(|r| pair_bytes[r] * heads)
+        .sum();
+    let total: usize = pair_bytes.iter().sum::<usize>() * heads;
+    let sections = reused.div_ceil(L2_SHARE_BYTES).min(items / slots.max(1));
+    let mut out = vec![0u32; problem.batch.len() * heads];
+    if sections <= 1 || total == 0 {
+        return out;
+    }
+    let mut before = 0usize;
+    for (r, &bytes) in pair_bytes.iter().enumerate() {
+        for h in 0..heads {
+            out[r * heads + h] = (before as u128 * sections as u128 / total as u128) as u32;
+            before += bytes;
+        }
+    }
+    out
+}
+
+/// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`) in
+/// launch order for `slots` resident CTAs ([`item_costs`]).
 pub fn prefill_work(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
+    slots: usize,
 ) -> Vec<WorkItem> {
-    item_costs(problem, cta_q, split)
+    item_costs(problem, cta_q, split, slots)
         .into_iter()
         .map(|(_, w)| w)
         .collect()
@@ -369,22 +423,45 @@ mod tests {
         // Non-causal: every item costs the same; one head's query tiles come before the next
         // head's (session 5 run 2: +5% at seq 8192 and 16384 against tile by tile).
         let p = problem(&[(1024, 1024)], 4, 4, Mask::None);
-        let work = prefill_work(&p, 128, None);
+        let work = prefill_work(&p, 128, None, 264);
         let order: Vec<(i32, i32)> = work.iter().map(|w| (w[2], w[1])).collect();
         let head_major: Vec<(i32, i32)> =
             (0..4).flat_map(|h| (0..8).map(move |t| (h, t))).collect();
         assert_eq!(order, head_major);
         // Causal: the last query tile sees the most keys, so each head's last tile leads.
         let p = problem(&[(1024, 1024)], 4, 4, Mask::Causal);
-        let work = prefill_work(&p, 128, None);
+        let work = prefill_work(&p, 128, None, 264);
         let first: Vec<(i32, i32)> = work[..4].iter().map(|w| (w[2], w[1])).collect();
         assert_eq!(first, [(0, 7), (1, 7), (2, 7), (3, 7)]);
     }
 
     #[test]
+    fn kv_reused_beyond_l2_is_ordered_in_sections_and_decode_is_not() {
+        // 16 requests of 1024 new tokens over 5120 keys, 32/8 heads: 335 MB of K/V, each pair's
+        // read by 32 query tiles. The launch order takes a few requests at a time, longest
+        // first within them.
+        let p = problem(&[(1024, 5120); 16], 32, 8, Mask::Causal);
+        let section = l2_sections(&p, 128, 4096, 264);
+        assert_eq!(*section.iter().max().unwrap(), 9);
+        assert!(section.windows(2).all(|w| w[0] <= w[1]));
+        let work = prefill_work(&p, 128, None, 264);
+        let first_section: Vec<i32> = work[..256].iter().map(|w| w[0]).collect();
+        assert!(first_section.iter().all(|&r| r <= 1), "{first_section:?}");
+        assert_eq!(work[0][1], 31, "the longest tile of the section leads");
+        // Decode: one tile per pair, nothing reused: one section, longest first over the batch.
+        let mut lens = vec![(1, 512); 63];
+        lens.push((1, 16384));
+        let d = problem(&lens, 32, 8, Mask::None);
+        assert!(l2_sections(&d, 16, 512, 264).iter().all(|&s| s == 0));
+        // A prefill whose reused K/V fits in L2 keeps one section.
+        let s2048 = problem(&[(2048, 2048)], 32, 32, Mask::Causal);
+        assert!(l2_sections(&s2048, 128, 512, 264).iter().all(|&s| s == 0));
+    }
+
+    #[test]
     fn every_tile_and_head_appears_once() {
         let p = problem(&[(1, 5), (200, 300), (0, 7), (64, 64)], 8, 2, Mask::None);
-        let work = prefill_work(&p, 128, None);
+        let work = prefill_work(&p, 128, None, 264);
         // Packed rows per request: 4, 800, 0, 256 -> tiles 1, 7, 0, 2; times 2 KV heads.
         assert_eq!(work.len(), (1 + 7 + 2) * 2);
         let mut seen = std::collections::HashSet::new();
@@ -404,7 +481,7 @@ mod tests {
         let split = choose_kv_split(&append, 64, 64, 264).expect("2 CTAs cannot fill 132 SMs");
         assert_eq!(split.chunk % 64, 0);
         assert!(split.chunk >= 256 && split.max_chunks == 4096usize.div_ceil(split.chunk));
-        let work = prefill_work(&append, 64, Some(&split));
+        let work = prefill_work(&append, 64, Some(&split), 264);
         // 17 tokens x group 4 = 68 packed rows: 2 query tiles, each over every chunk, 2 KV heads.
         assert_eq!(work.len(), 2 * split.max_chunks * 2);
         let long = problem(&[(4096, 4096)], 32, 8, Mask::Causal);
@@ -460,7 +537,7 @@ mod tests {
     #[test]
     fn causal_orders_longest_tiles_first() {
         let p = problem(&[(1024, 1024)], 4, 4, Mask::Causal);
-        let work = prefill_work(&p, 128, None);
+        let work = prefill_work(&p, 128, None, 264);
         let tiles: Vec<i32> = work.iter().map(|w| w[1]).collect();
         assert_eq!(tiles.first(), Some(&7));
         assert_eq!(tiles.last(), Some(&0));
