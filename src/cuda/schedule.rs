@@ -151,7 +151,7 @@ pub fn choose_kv_split(
 /// [`choose_kv_split`] finds it) is the earliest; a tie keeps the wider tile.
 ///
 /// The narrower row tile computes fewer rows per key at a lower rate per row
-/// ([`NARROW_TILE_ROW_EFFICIENCY`]), so it wins only where the wider tile leaves slots idle or
+/// (0.85 of the wider tile's, measured), so it wins only where the wider tile leaves slots idle or
 /// one long tile ends the launch late: short causal prefills (seq 512 and 1024, where the last
 /// query tile sees every key) and prefills of fewer rows than the wider tile holds.
 pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
@@ -363,7 +363,8 @@ fn l2_sections(problem: &AttentionProblem, cta_q: usize, items: usize, slots: us
 }
 
 /// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`) in
-/// launch order for `slots` resident CTAs ([`item_costs`]).
+/// launch order for `slots` resident CTAs: longest first within each L2 section of (request,
+/// KV head) pairs, equal costs head by head.
 pub fn prefill_work(
     problem: &AttentionProblem,
     cta_q: usize,
