@@ -173,6 +173,7 @@ impl KernelPlan {
         let page = kv.pages.unwrap_or_default();
         let (qo_indptr, kv_indptr) = self.arrays.indptrs(stream);
         let (custom_mask, mask_indptr) = self.arrays.custom_mask(stream);
+        let group_div = FastDivisor::new(p.group_size() as u32);
         let fixed = PrefillParams {
             q: qo.q + p.q_view.offset as u64 * elem,
             k: kv.k,
@@ -206,8 +207,8 @@ impl KernelPlan {
             v_page_stride: page.v_page_stride,
             num_qo_heads: p.num_qo_heads as i32,
             group_size: p.group_size() as i32,
-            group_div_magic: FastDivisor::new(p.group_size() as u32).magic,
-            group_div_shift: FastDivisor::new(p.group_size() as u32).shift as i32,
+            group_div_magic: group_div.magic,
+            group_div_shift: group_div.shift as i32,
             window_left: match p.mask {
                 Mask::SlidingWindow { window_left } => window_left as i32,
                 _ => 0,
