@@ -90,7 +90,9 @@ struct OnlineSoftmax {
           sum = sum * scale + exp2_approx(sink_log2[mq][h] - with_sink);
           mx = with_sink;
         }
-        float inv = sum > 0.0f ? scale / sum : 0.0f;
+        // sum >= 1 for a row that saw a key (its largest logit contributes exp2(0), or the sink
+        // does), so the approximate reciprocal (within 1 ulp) needs no range handling.
+        float inv = sum > 0.0f ? scale * rcp_approx(sum) : 0.0f;
         lse[mq][h] = sum > 0.0f ? (mx + log2_approx(sum)) * LN2 : neg_inf();
 #pragma unroll
         for (int dt = 0; dt < VO_NT; ++dt) {

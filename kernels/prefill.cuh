@@ -318,11 +318,13 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int row = warp_row0 + mq * 16 + lane / 4 + 8 * h;
+      // Row lane / 4 of an 8-row group: its swizzle is the same for every chunk, so each store's
+      // offset is this thread's offset XOR a constant plus a constant (FragOffsets).
+      const FragOffsets<VO_CHUNKS> at(lane / 4, 0);
 #pragma unroll
       for (int dt = 0; dt < VO_NT; ++dt) {
         u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
-        u32_t addr = stage.chunk_addr(row, dt) + 4 * (lane % 4);
+        u32_t addr = at.at(stage.base, warp_row0 + mq * 16 + 8 * h, dt) + 4 * (lane % 4);
         *reinterpret_cast<u32_t*>(q_bytes + (addr - stage.base)) = packed;
       }
       if (p.lse != nullptr && lane % 4 == 0 && rows.valid[mq][h]) {

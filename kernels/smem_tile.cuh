@@ -30,7 +30,8 @@ struct FragOffsets {
   __device__ __forceinline__ FragOffsets(int r, int c)
       : off(static_cast<u32_t>((r * ROW_CHUNKS + (c ^ (r & 7))) * 16)) {}
 
-  // The address SmemTile{base}.chunk_addr(row0 + r, chunk0 + c) (row0 % 8 == 0, chunk0 even).
+  // The address SmemTile{base}.chunk_addr(row0 + r, chunk0 + c) (row0 % 8 == 0, chunk0 even; any
+  // chunk0 when c is 0).
   __device__ __forceinline__ u32_t at(u32_t base, int row0, int chunk0) const {
     return base + (off ^ static_cast<u32_t>((chunk0 % 8) * 16)) +
            static_cast<u32_t>((row0 * ROW_CHUNKS + (chunk0 & ~7)) * 16);
