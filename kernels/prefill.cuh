@@ -9,7 +9,8 @@
 // sub-tiles of each KV tile, round robin), and merges the warps' softmax states at the end. K and
 // V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
-// tile loads while this one computes; each tile is computed KV_SUB keys at a time (the S
+// tile loads while this one computes (tile 0's V rows land while its S = Q K^T is computed);
+// each tile is computed KV_SUB keys at a time (the S
 // registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
 // accumulators), applies the variant and the mask to S as f32, updates the online softmax and
 // accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element masks run only
@@ -366,13 +367,15 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
 }
 
 // The rest of a sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..): the mask
-// and the transform where they apply, the softmax update and O += P V (V rows from v_base).
-template <int NT>
+// and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
+// `await_v()` has returned).
+template <int NT, typename AwaitV>
 __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const RowCoords& rows,
                                                   const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
                                                   int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
                                                   float softmax_scale, OnlineSoftmax<MMA_Q>& softmax,
-                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4]) {
+                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
+                                                  AwaitV await_v) {
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
     logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
@@ -380,6 +383,7 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   }
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   softmax.update(probs, o, softmax_scale);
+  await_v();
   pv<NT>(f, v_base, probs, o);
 }
 
@@ -443,25 +447,35 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
   const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
-  // K and V of tile t go to buffer t % 2 as one cp.async group, with (paged) the page ids of tile
-  // t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the last to read (they were
-  // issued before the barrier that precedes this call). The group is committed even when empty
-  // (past the last tile) so that every iteration waits for the same groups.
+  // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
+  // last to read (they were issued before the barrier that precedes this call).
+  auto stage_next_page_ids = [&](int t) {
+    const int k1 = kv_lo + (t + 1) * KV_TILE;
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, m.kv_len - k1);
+  };
+  // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
+  // The group is committed even when empty (past the last tile) so that every iteration waits for
+  // the same groups. Tile 0 is loaded by the prologue, in two groups.
   auto load_kv = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      if (t > 0) {
-        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, m.kv_len - k0);
-      } else {
-        load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
-        load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
-      }
-      if (t + 1 < num_tiles) {
-        stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k0 + KV_TILE, m.kv_len - k0 - KV_TILE);
-      }
+      load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t), k0,
+                                                                             m.kv_len - k0);
+      stage_next_page_ids(t);
     }
     cp_async_commit();
+  };
+  // Rows-layout CTAs compute tile 0's S = Q K^T while its V rows still land (their own group, the
+  // second of the prologue); before the first P V the CTA waits for them and publishes them. With
+  // key-split warps the first tile waits for everything (warps take different sub-tiles, so no
+  // barrier can sit inside the sub-tile loop).
+  bool v0_pending = !WARPS_SPLIT_KEYS;
+  auto await_v0 = [&]() {
+    if (v0_pending) {
+      cp_async_wait<1>();
+      __syncthreads();
+      v0_pending = false;
+    }
   };
 
   float o[MMA_Q][VO_NT][4];
@@ -485,12 +499,16 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
       });
     }
-    load_kv(0);  // Q, K_0 and V_0: the first group
+    load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+    stage_next_page_ids(0);
+    cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
+    load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
+    cp_async_commit();  // the second: V_0
     if constexpr (spec::QK_F16_ACCUM) {
-      // Each thread scales the Q chunks it copied itself, once they have landed (with K_0 and V_0,
-      // which the first tile waits for anyway); the first tile's barrier publishes them. Out of
-      // the main loop, whose registers it would otherwise share.
-      cp_async_wait<0>();
+      // Each thread scales the Q chunks it copied itself, once they have landed (with K_0, which
+      // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
+      // loop, whose registers it would otherwise share.
+      cp_async_wait<1>();
       prescale_q(q_tile, smem, p.q_prescale, warp, lane);
     }
   }
@@ -498,7 +516,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<0>();  // K_t and V_t (and Q, with the first tile) have landed
+    // K_t and V_t have landed (tile 0: Q and K_0; V_0 too with key-split warps).
+    if (t > 0 || WARPS_SPLIT_KEYS) {
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<1>();
+    }
     __syncthreads();
     // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
     // while this whole tile computes.
@@ -519,6 +542,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           // The hot path: the softmax takes the accumulators as they are.
           const F16Logits<MMA_Q, KV_NT> probs{acc};
           softmax.update(probs, o, softmax_scale);
+          await_v0();
           pv<KV_NT>(frag, v_sub.base, probs, o);
         } else {
 #pragma unroll
@@ -526,13 +550,14 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
             float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
-                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o);
+                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o, await_v0);
           }
         }
       } else {
         float s[MMA_Q][KV_NT][4];
         qk_f32(frag, k_sub.base, s);
-        float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s, o);
+        float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s, o,
+                          await_v0);
       }
     }
   }
