@@ -9,7 +9,7 @@
 // sub-tiles of each KV tile, round robin), and merges the warps' softmax states at the end. K and
 // V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
-// tile loads while this one computes (tile 0's V rows land while its S = Q K^T is computed);
+// tile loads while this one computes (with 32-row warps, tile 0's V rows land while its S = Q K^T is computed);
 // each tile is computed KV_SUB keys at a time (the S
 // registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
 // accumulators), applies the variant and the mask to S as f32, updates the online softmax and
@@ -57,6 +57,12 @@ static_assert(!WARPS_SPLIT_KEYS ||
                   (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= 2 * (K_TILE_BYTES + V_TILE_BYTES),
               "key-split warps: the K/V buffers hold the warps' states for the merge");
 using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
+// Whether tile 0's P V waits for its V rows separately, after S = Q K^T (one more barrier). Only
+// the rows layout can (key-split warps take different sub-tiles: no barrier inside the sub-tile
+// loop), and only the 32-row warps gain (H200, session 6 runs 2-3, same calls: +4% f16 QK s4096
+// causal, +2.4% paged prefill, +1% s1024 non-causal); 16-row warps lost (-4% s512 non-causal on
+// the 64-row tile, -1% D=256).
+constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
@@ -465,11 +471,10 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
     cp_async_commit();
   };
-  // Rows-layout CTAs compute tile 0's S = Q K^T while its V rows still land (their own group, the
-  // second of the prologue); before the first P V the CTA waits for them and publishes them. With
-  // key-split warps the first tile waits for everything (warps take different sub-tiles, so no
-  // barrier can sit inside the sub-tile loop).
-  bool v0_pending = !WARPS_SPLIT_KEYS;
+  // With FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
+  // group, the second of the prologue); before the first P V the CTA waits for them and publishes
+  // them. Otherwise the first tile waits for both groups.
+  bool v0_pending = FIRST_V_LATE;
   auto await_v0 = [&]() {
     if (v0_pending) {
       cp_async_wait<1>();
@@ -516,8 +521,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
-    // K_t and V_t have landed (tile 0: Q and K_0; V_0 too with key-split warps).
-    if (t > 0 || WARPS_SPLIT_KEYS) {
+    // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
+    if (t > 0 || !FIRST_V_LATE) {
       cp_async_wait<0>();
     } else {
       cp_async_wait<1>();
