@@ -10,9 +10,10 @@
 // V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
 // tile loads while this one computes (with 32-row warps, tile 0's V rows land while its
-// S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). Per sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16
-// accumulators), applies the variant and the mask to S as f32, updates the online softmax and
-// accumulates O += P V (f32 accumulators). Tiles wholly masked are skipped; element masks run only
+// S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). Per
+// sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
+// the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
+// accumulators). Tiles wholly masked are skipped; element masks run only
 // on tiles that need them. With f16 accumulators, a sub-tile that needs no transform and no mask
 // and did not overflow goes to the softmax as packed f16 (half the registers; each element
 // widened exactly just before its exponent); the others are widened to f32 32 keys at a time,
