@@ -8,7 +8,7 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
-use super::launch::launch_fixed;
+use super::launch::{launch_1d, Launch1d};
 use super::paged::{cache_strides, DevicePagedKv};
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
@@ -135,13 +135,16 @@ impl Engine {
         // new rows hold total_new tokens; the index arrays live until the end of this function
         // and are freed in stream order (on `stream`), after the kernel.
         unsafe {
-            launch_fixed(
+            launch_1d(
                 stream,
                 &kernel,
-                "attnforge_append_paged_kv",
-                blocks,
-                APPEND_THREADS,
+                Launch1d {
+                    blocks,
+                    threads: APPEND_THREADS,
+                    smem_bytes: 0,
+                },
                 &params,
+                || "attnforge_append_paged_kv".into(),
             )
         }?;
         Ok(())

@@ -16,7 +16,7 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
-use super::launch::launch_fixed;
+use super::launch::{launch_1d, Launch1d};
 use crate::codegen::{self, MergeParams, MERGE_STATES_ITEMS_PER_CTA, MERGE_STATES_THREADS};
 use crate::dtype::DType;
 use crate::merge::MergeShape;
@@ -209,13 +209,16 @@ impl Engine {
         // two-element alignment its paired loads and stores need; the outputs are borrowed
         // mutably, so they alias no input.
         unsafe {
-            launch_fixed(
+            launch_1d(
                 stream,
                 &kernel,
-                "attnforge_merge_states",
-                blocks,
-                MERGE_STATES_THREADS,
+                Launch1d {
+                    blocks,
+                    threads: MERGE_STATES_THREADS,
+                    smem_bytes: 0,
+                },
                 &params,
+                || "attnforge_merge_states".into(),
             )
         }?;
         Ok(())

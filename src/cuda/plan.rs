@@ -6,7 +6,8 @@
 //! where K and V come from ([`KvAddress`]) and in the buffers they check before a launch.
 
 use super::engine::{Engine, LoadedKernel};
-use super::error::{CudaError, DriverContext};
+use super::error::DriverContext;
+use super::launch::{launch_1d, Launch1d};
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{choose_kv_split, choose_tile, prefill_work, KvSplit, SplitChoice};
 use crate::codegen::{
@@ -16,7 +17,6 @@ use crate::codegen::{
 use crate::problem::{AttentionProblem, Mask};
 use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// log2(e), folded into the scale when the variant has no transform.
@@ -224,46 +224,42 @@ impl KernelPlan {
             page_mask: page.page_size.saturating_sub(1) as i32,
         };
         let variant_bytes = self.arrays.variant_bytes(stream, &self.layout.variant);
-        let mut block = self.layout.pack(&fixed, &variant_bytes);
-        let mut args = [block.as_mut_ptr().cast::<c_void>()];
+        let block = self.layout.pack(&fixed, &variant_bytes);
         let f = &self.kernel;
         // SAFETY: the kernel takes one parameter, a struct whose layout `block` reproduces (the
         // generated source asserts its size and field sizes); every pointer in it refers to a
         // live allocation sized for the plan's problem (the callers check the buffers, and page
-        // tables were validated against the cache), and the driver copies the parameter bytes
-        // at launch.
+        // tables were validated against the cache).
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                f.function.cu_function(),
-                (self.num_work, 1, 1),
-                (f.threads, 1, 1),
-                f.smem_bytes,
-                stream.cu_stream(),
-                &mut args,
+            launch_1d(
+                stream,
+                &f.function,
+                Launch1d {
+                    blocks: self.num_work,
+                    threads: f.threads,
+                    smem_bytes: f.smem_bytes,
+                },
+                &block[..],
+                || f.name.clone(),
             )
-        }
-        .map_err(|source| CudaError::Launch {
-            kernel: f.name.clone(),
-            source,
-        })?;
+        }?;
         if self.split.is_some() {
             let rows = (p.batch.total_qo() * p.num_qo_heads) as u32;
             // SAFETY: as above; the merge kernel reads the workspace the attention kernel wrote
             // (same stream, so in order) and writes O and the LSE.
             unsafe {
-                cudarc::driver::result::launch_kernel(
-                    f.merge.cu_function(),
-                    (rows.div_ceil(MERGE_ROWS_PER_CTA), 1, 1),
-                    (MERGE_THREADS, 1, 1),
-                    0,
-                    stream.cu_stream(),
-                    &mut args,
+                launch_1d(
+                    stream,
+                    &f.merge,
+                    Launch1d {
+                        blocks: rows.div_ceil(MERGE_ROWS_PER_CTA),
+                        threads: MERGE_THREADS,
+                        smem_bytes: 0,
+                    },
+                    &block[..],
+                    || format!("{} (merge)", f.name),
                 )
-            }
-            .map_err(|source| CudaError::Launch {
-                kernel: format!("{} (merge)", f.name),
-                source,
-            })?;
+            }?;
         }
         Ok(())
     }

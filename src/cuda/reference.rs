@@ -17,6 +17,7 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
+use super::launch::{launch_1d, Launch1d};
 use super::problem_arrays::ProblemArrays;
 use crate::codegen::{
     self, PrefillParams, ReferenceSpec, REFERENCE_ROWS_PER_CTA, REFERENCE_THREADS,
@@ -26,7 +27,6 @@ use crate::jit::KernelSource;
 use crate::problem::{AttentionProblem, Mask};
 use crate::tensor::HostTensor;
 use crate::{AttentionOutput, Error};
-use std::ffi::c_void;
 
 impl Engine {
     /// `problem` on host tensors through the GPU reference kernel: validates the problem and the
@@ -67,27 +67,24 @@ impl Engine {
         if rows > 0 {
             let params = reference_params(problem, self, (&qd, &kd, &vd), (&o, &lse), &arrays);
             let variant_bytes = arrays.variant_bytes(stream, &rendered.params.variant);
-            let mut block = rendered.params.pack(&params, &variant_bytes);
-            let mut args = [block.as_mut_ptr().cast::<c_void>()];
+            let block = rendered.params.pack(&params, &variant_bytes);
             // SAFETY: the kernel takes one parameter, a struct whose layout `block` reproduces
             // (the generated source asserts its size and field sizes); every pointer in it
             // refers to a live allocation sized for the problem (validate_inputs checked the
-            // host buffers these are copies of, and `o` and `lse` hold every row), and the
-            // driver copies the parameter bytes at launch.
+            // host buffers these are copies of, and `o` and `lse` hold every row).
             unsafe {
-                cudarc::driver::result::launch_kernel(
-                    function.cu_function(),
-                    (ctas, 1, 1),
-                    (REFERENCE_THREADS, 1, 1),
-                    0,
-                    stream.cu_stream(),
-                    &mut args,
+                launch_1d(
+                    stream,
+                    &function,
+                    Launch1d {
+                        blocks: ctas,
+                        threads: REFERENCE_THREADS,
+                        smem_bytes: 0,
+                    },
+                    &block[..],
+                    || rendered.entry.clone(),
                 )
-            }
-            .map_err(|source| CudaError::Launch {
-                kernel: rendered.entry.clone(),
-                source,
-            })?;
+            }?;
         }
         stream.synchronize().map_err(|source| CudaError::Launch {
             kernel: rendered.entry.clone(),
