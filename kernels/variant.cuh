@@ -26,10 +26,13 @@
 
 // Logit of one element in the units the online softmax takes; the softmax multiplies by its
 // scale inside the exponent's FFMA. With a transform: the natural logit transform(post_scale *
-// acc) (softmax scale LOG2E); without one: the raw accumulator (softmax scale post_scale * LOG2E).
+// acc) (softmax scale LOG2E), through the variant's accumulator form where it has one and the
+// kernel asks for it (FROM_ACC); without one: the raw accumulator (softmax scale
+// post_scale * LOG2E).
+template <bool FROM_ACC>
 __device__ __forceinline__ float variant_logit(const VariantParams& params, float acc, float post_scale, int qo_idx,
                                                int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len) {
-  if constexpr (VARIANT_TRANSFORM_FROM_ACC) {
+  if constexpr (FROM_ACC && VARIANT_TRANSFORM_FROM_ACC) {
     return logits_transform_from_acc(params, acc, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
     return logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
