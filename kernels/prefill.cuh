@@ -63,6 +63,11 @@ using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
 // causal, +2.4% paged prefill, +1% s1024 non-causal); 16-row warps lost (-4% s512 non-causal on
 // the 64-row tile, -1% D=256).
 constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
+// Whether a built-in transform takes the accumulator with post_scale folded into its parameters
+// (variant.cuh): one FMUL per logit fewer. Measured on the soft-cap (H200, session 7 run 1, ABBA
+// in one call): f16 QK +3.6%, but f32 QK -1.7% (s4096) and -1% (GQA s8192), same spills, so only
+// the f16-QK kernels take it.
+constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
@@ -222,8 +227,8 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
         int kv_idx = k0 + nt * 8 + 2 * (lane % 4) + (e % 2);
         int qo_idx = rows.token[mq][h];
         int qo_head = rows.head[mq][h];
-        float t = variant_logit(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx, qo_head, kv_head, m.qo_len,
-                                m.kv_len);
+        float t = variant_logit<TRANSFORM_FROM_ACC>(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx, qo_head,
+                                                    kv_head, m.qo_len, m.kv_len);
         if constexpr (NEEDS_MASK) {
           bool visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
           if constexpr (VARIANT_HAS_MASK) {

@@ -3,14 +3,21 @@
 // A variant is rendered by Rust (codegen/variant.rs) just before this file, built-in or custom
 // alike, and must provide:
 //   struct VariantParams { ... };                       // its parameters, passed by value
-//   constexpr bool VARIANT_HAS_TRANSFORM, VARIANT_HAS_MASK, VARIANT_HAS_SINK;
+//   constexpr bool VARIANT_HAS_TRANSFORM, VARIANT_TRANSFORM_FROM_ACC, VARIANT_HAS_MASK,
+//                  VARIANT_HAS_SINK;
 //   float logits_transform(const VariantParams& params, float s, int qo_idx, int kv_idx,
 //                          int qo_head, int kv_head, int qo_len, int kv_len);
+//   float logits_transform_from_acc(const VariantParams& params, float acc, int qo_idx,
+//                                   int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len);
 //   bool  logits_mask(const VariantParams& params, int qo_idx, int kv_idx, int qo_head,
 //                     int kv_head, int qo_len, int kv_len);
 //   float sink_logit(const VariantParams& params, int qo_head);
 // `s` is always the scaled logit as a float (sm_scale * q.k), whatever the QK accumulation type:
 // kernels widen an f16 accumulator exactly before the call, so a variant never meets a half.
+// `logits_transform_from_acc` is the same function of `s = post_scale * acc` taken from the
+// widened accumulator, with post_scale folded into the variant's own (host-computed) parameters,
+// which saves one multiplication per logit. Only built-ins provide one
+// (VARIANT_TRANSFORM_FROM_ACC); a custom variant's transform always sees `s`.
 // Indices are local to the request (0 <= qo_idx < qo_len, 0 <= kv_idx < kv_len).
 // This file turns the hooks into the logits the fast kernels' online softmax works with
 // (variant_logit) and into the plain natural logits and visibility the reference kernel uses
@@ -19,10 +26,15 @@
 
 // Logit of one element in the units the online softmax takes; the softmax multiplies by its
 // scale inside the exponent's FFMA. With a transform: the natural logit transform(post_scale *
-// acc) (softmax scale LOG2E); without one: the raw accumulator (softmax scale post_scale * LOG2E).
+// acc) (softmax scale LOG2E), through the variant's accumulator form where it has one and the
+// kernel asks for it (FROM_ACC); without one: the raw accumulator (softmax scale
+// post_scale * LOG2E).
+template <bool FROM_ACC>
 __device__ __forceinline__ float variant_logit(const VariantParams& params, float acc, float post_scale, int qo_idx,
                                                int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len) {
-  if constexpr (VARIANT_HAS_TRANSFORM) {
+  if constexpr (FROM_ACC && VARIANT_TRANSFORM_FROM_ACC) {
+    return logits_transform_from_acc(params, acc, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+  } else if constexpr (VARIANT_HAS_TRANSFORM) {
     return logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else {
     return acc;

@@ -42,6 +42,10 @@ fn built_in_variants_render_their_hooks() {
     assert!(softcap.contains("constexpr bool VARIANT_HAS_TRANSFORM = true;"));
     assert!(softcap.contains("softcap_tanh(s, params.soft_cap, params.softcap_exp2_scale)"));
     assert!(softcap.contains("float soft_cap;") && softcap.contains("float softcap_exp2_scale;"));
+    // The fast kernels take the soft-cap from the accumulator, post_scale folded in.
+    assert!(softcap.contains("constexpr bool VARIANT_TRANSFORM_FROM_ACC = true;"));
+    assert!(softcap.contains("softcap_tanh(acc, params.soft_cap, params.softcap_acc_exp2_scale)"));
+    assert!(none.contains("constexpr bool VARIANT_TRANSFORM_FROM_ACC = false;"));
 
     let alibi = with_variant(VariantSpec::Alibi);
     assert!(alibi.contains("const float* alibi_slopes;"));

@@ -35,7 +35,8 @@ impl ProblemArrays {
             }
             _ => None,
         };
-        let variant_values = codegen::param_values(&problem.variant);
+        let variant_values =
+            codegen::param_values(&problem.variant, problem.qk_scaling().post_scale);
         let mut variant_arrays = Vec::new();
         for value in &variant_values {
             let bytes: Option<Vec<u8>> = match value {
