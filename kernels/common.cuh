@@ -62,6 +62,7 @@ struct DTypeTraits;
 template <>
 struct DTypeTraits<f16_t> {
   static constexpr bool IS_BF16 = false;
+  static constexpr u32_t ONE2 = 0x3c003c00u;  // (1, 1)
   // Packs two floats into an f16x2 register: `lo` in bits 0..15, `hi` in bits 16..31.
   static __device__ __forceinline__ u32_t pack2(float lo, float hi) {
     u32_t r;
@@ -78,6 +79,7 @@ struct DTypeTraits<f16_t> {
 template <>
 struct DTypeTraits<bf16_t> {
   static constexpr bool IS_BF16 = true;
+  static constexpr u32_t ONE2 = 0x3f803f80u;  // (1, 1)
   static __device__ __forceinline__ u32_t pack2(float lo, float hi) {
     u32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -6,22 +6,41 @@
 // so one FFMA per element forms the exponent. A row
 // that has seen only masked keys keeps max = -inf; its exponent offset is then taken as 0 so no
 // inf - inf ever forms: its p are exp2(-inf) = 0 and its sum stays 0.
-// Requires: common.cuh.
+// The row sums are kept one of two ways (SUM_BY_MMA):
+// - false: each thread adds its own columns' p in f32 (one FADD per element), and finish()
+//   reduces over the quad;
+// - true: the tensor cores add them. The P V product calls accumulate_sums with each k16 block
+//   of P (the A fragment it multiplies V by), which multiplies it by a matrix of ones into an
+//   m16n8 f32 accumulator whose every column is the row's sum over the whole quad: one mma per
+//   m16 tile and 16 keys instead of 16 FADDs, and no reduction at the end. The sum is then of the
+//   p as rounded to the input type for P V, the very weights of the numerator.
+// Requires: common.cuh, mma.cuh.
 
-template <int MMA_Q>
+template <int MMA_Q, typename P, bool SUM_BY_MMA>
 struct OnlineSoftmax {
   float row_max[MMA_Q][2];  // base 2, per thread row; identical across a quad
-  float row_sum[MMA_Q][2];  // partial: this thread's columns only, reduced in finish()
+  // In the m16n8 accumulator layout: row g in [0] (and [1]), row g + 8 in [2] (and [3]). Without
+  // SUM_BY_MMA, [2h] is this thread's partial sum of row h, reduced in finish(), and [2h + 1] is
+  // unused; with it, [2h] and [2h + 1] both hold row h's whole sum.
+  float row_sum[MMA_Q][4];
 
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        row_max[mq][h] = neg_inf();
-        row_sum[mq][h] = 0.0f;
-      }
+      for (int h = 0; h < 2; ++h) row_max[mq][h] = neg_inf();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_sum[mq][e] = 0.0f;
     }
+  }
+
+  // This thread's sum of row (mq, h): partial or whole, as above.
+  __device__ __forceinline__ float& sum(int mq, int h) { return row_sum[mq][2 * h]; }
+
+  // With SUM_BY_MMA, adds the rows of one k16 block of P (`a`: the A fragment of m16 tile mq) to
+  // the sums; nothing otherwise.
+  __device__ __forceinline__ void accumulate_sums(int mq, const u32_t (&a)[4]) {
+    if constexpr (SUM_BY_MMA) mma_f32acc<P>(row_sum[mq], a, DTypeTraits<P>::ONE2, DTypeTraits<P>::ONE2);
   }
 
   // Turns the logits of one sub-tile (`s`: F32Logits or F16Logits below) into probabilities
@@ -53,15 +72,24 @@ struct OnlineSoftmax {
         const float offset = mx == neg_inf() ? 0.0f : mx;
         rescale[mq][h] = exp2_approx(row_max[mq][h] - offset);
         row_max[mq][h] = mx;
-        row_sum[mq][h] = row_sum[mq][h] * rescale[mq][h] + s.exp_row(mq, h, scale, offset);
+        if constexpr (SUM_BY_MMA) {
+          s.template exp_row<false>(mq, h, scale, offset);
+        } else {
+          sum(mq, h) = sum(mq, h) * rescale[mq][h] + s.template exp_row<true>(mq, h, scale, offset);
+        }
       }
     // The rescale is 1 for every row whose max did not grow: skip the multiplies when that holds
     // for the whole warp (a uniform branch per row group; the common case after the first tiles).
+    // With SUM_BY_MMA the sums are rescaled there too, before P V adds this sub-tile's.
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (__any_sync(0xffffffffu, rescale[mq][h] != 1.0f)) {
+          if constexpr (SUM_BY_MMA) {
+            row_sum[mq][2 * h] *= rescale[mq][h];
+            row_sum[mq][2 * h + 1] *= rescale[mq][h];
+          }
 #pragma unroll
           for (int dt = 0; dt < VO_NT; ++dt) {
             o[mq][dt][2 * h] *= rescale[mq][h];
@@ -81,7 +109,7 @@ struct OnlineSoftmax {
     for (int mq = 0; mq < MMA_Q; ++mq) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float sum = warp_sum_quad(row_sum[mq][h]);
+        float sum = SUM_BY_MMA ? row_sum[mq][2 * h] : warp_sum_quad(row_sum[mq][2 * h]);
         float mx = row_max[mq][h];
         float scale = 1.0f;
         if constexpr (WITH_SINK) {
@@ -108,7 +136,7 @@ struct OnlineSoftmax {
 // layout (row g of a thread's pair h = 0, row g + 8 for h = 1), and the probabilities it leaves
 // in their place. Three operations: thread_row_max (this thread's max of row (mq, h) over its
 // columns), exp_row (p = exp2(x * scale - offset) for the row's elements, replacing them, and
-// their sum) and p_pair (the row's two probabilities of n8 tile nt as packed `P` input of the PV
+// with WITH_SUM their sum, else 0) and p_pair (the row's two probabilities of n8 tile nt as packed `P` input of the PV
 // product).
 
 // f32 logits (any QK accumulation, after the transform and the mask): p is kept as float
@@ -125,13 +153,14 @@ struct F32Logits {
     for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
     return raw;
   }
+  template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) {
       s[mq][nt][2 * h] = exp2_approx(fmaf(s[mq][nt][2 * h], scale, -offset));
       s[mq][nt][2 * h + 1] = exp2_approx(fmaf(s[mq][nt][2 * h + 1], scale, -offset));
-      sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+      if constexpr (WITH_SUM) sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
     }
     return sum;
   }
@@ -157,6 +186,7 @@ struct F16Logits {
     f16x2_to_float2(m2, lo, hi);
     return fmaxf(lo, hi);
   }
+  template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
     float sum = 0.0f;
 #pragma unroll
@@ -165,7 +195,7 @@ struct F16Logits {
       f16x2_to_float2(acc[mq][nt][h], x0, x1);
       const float p0 = exp2_approx(fmaf(x0, scale, -offset));
       const float p1 = exp2_approx(fmaf(x1, scale, -offset));
-      sum += p0 + p1;
+      if constexpr (WITH_SUM) sum += p0 + p1;
       acc[mq][nt][h] = DTypeTraits<f16_t>::pack2(p0, p1);
     }
     return sum;
@@ -184,8 +214,8 @@ __host__ __device__ constexpr int merge_scratch_floats() {
   return 32 * MMA_Q * (4 + 4 * VO_NT);
 }
 
-template <int NUM_WARPS, int MMA_Q, int VO_NT>
-__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q>& sm, float (&o)[MMA_Q][VO_NT][4],
+template <int NUM_WARPS, int MMA_Q, int VO_NT, typename P, bool SUM_BY_MMA>
+__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q, P, SUM_BY_MMA>& sm, float (&o)[MMA_Q][VO_NT][4],
                                                   float* scratch, int warp, int lane) {
   // Value i of a warp's state sits at scratch[(warp - 1) * STATE + i * 32 + lane]: lane-major, so
   // each access of a warp touches 32 consecutive words (no bank conflicts).
@@ -198,7 +228,7 @@ __device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q>& sm, floa
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         slot(warp, (mq * 2 + h) * 2) = sm.row_max[mq][h];
-        slot(warp, (mq * 2 + h) * 2 + 1) = sm.row_sum[mq][h];
+        slot(warp, (mq * 2 + h) * 2 + 1) = sm.sum(mq, h);
 #pragma unroll
         for (int dt = 0; dt < VO_NT; ++dt) {
           slot(warp, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h) = o[mq][dt][2 * h];
@@ -218,7 +248,7 @@ __device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q>& sm, floa
       const float offset = mx == neg_inf() ? 0.0f : mx;
       const float own = exp2_approx(sm.row_max[mq][h] - offset);
       sm.row_max[mq][h] = mx;
-      sm.row_sum[mq][h] *= own;
+      sm.sum(mq, h) *= own;
 #pragma unroll
       for (int dt = 0; dt < VO_NT; ++dt) {
         o[mq][dt][2 * h] *= own;
@@ -227,7 +257,7 @@ __device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q>& sm, floa
 #pragma unroll
       for (int w = 1; w < NUM_WARPS; ++w) {
         const float f = exp2_approx(slot(w, (mq * 2 + h) * 2) - offset);
-        sm.row_sum[mq][h] = fmaf(f, slot(w, (mq * 2 + h) * 2 + 1), sm.row_sum[mq][h]);
+        sm.sum(mq, h) = fmaf(f, slot(w, (mq * 2 + h) * 2 + 1), sm.sum(mq, h));
 #pragma unroll
         for (int dt = 0; dt < VO_NT; ++dt) {
           o[mq][dt][2 * h] = fmaf(f, slot(w, 4 * MMA_Q + (mq * VO_NT + dt) * 4 + 2 * h), o[mq][dt][2 * h]);

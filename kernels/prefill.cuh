@@ -68,6 +68,14 @@ constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // in one call): f16 QK +3.6%, but f32 QK -1.7% (s4096) and -1% (GQA s8192), same spills, so only
 // the f16-QK kernels take it.
 constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
+// Whether the row sums come from the tensor cores (online_softmax.cuh). Only for f16 P, whose
+// rounding (2^-11) moves a row's sum, and so the LSE, by at most 5e-4; bf16 P (2^-9) could move
+// the LSE by 2e-3, beyond its 1e-3 bound, so bf16 kernels add in f32. And only for 32-row warps:
+// H200, session 7 run 2 (ABBA, one call), against f32 adds: +4.6% s4096 causal, +6.6% f16 QK,
+// +1.6% / +1.9% s1024 / s2048 non-causal, +2.3% D=64, +2% paged prefill, +1.5% soft-cap; the
+// 16-row warps lost (-0.9% s512 non-causal, -1.5% D=256).
+constexpr bool SUM_BY_MMA = !DTypeTraits<DTypeIn>::IS_BF16 && MMA_Q >= 2;
+using Softmax = OnlineSoftmax<MMA_Q, DTypeIn, SUM_BY_MMA>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
@@ -241,9 +249,10 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 }
 
 // O += P V for this warp's rows over the NT * 8 keys of `P` (F32Logits or F16Logits after the
-// softmax update), V rows from `v_base`.
+// softmax update), V rows from `v_base`; each k16 block of P also goes to the softmax's row sums.
 template <int NT, typename Probs>
-__device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, float (&o)[MMA_Q][VO_NT][4]) {
+__device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, Softmax& softmax,
+                                   float (&o)[MMA_Q][VO_NT][4]) {
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     u32_t a[MMA_Q][4];
@@ -253,6 +262,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
       a[mq][1] = P.p_pair(mq, 2 * kk, 1);
       a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
       a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
+      softmax.accumulate_sums(mq, a[mq]);
     }
 #pragma unroll
     for (int db = 0; db < VO_NT / 2; ++db) {
@@ -384,7 +394,7 @@ template <int NT, typename AwaitV>
 __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const RowCoords& rows,
                                                   const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
                                                   int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
-                                                  float softmax_scale, OnlineSoftmax<MMA_Q>& softmax,
+                                                  float softmax_scale, Softmax& softmax,
                                                   float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
                                                   AwaitV await_v) {
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
@@ -395,7 +405,7 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   softmax.update(probs, o, softmax_scale);
   await_v();
-  pv<NT>(f, v_base, probs, o);
+  pv<NT>(f, v_base, probs, softmax, o);
 }
 
 // One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
@@ -495,7 +505,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     for (int dt = 0; dt < VO_NT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mq][dt][e] = 0.0f;
-  OnlineSoftmax<MMA_Q> softmax;
+  Softmax softmax;
   softmax.init();
 
   if (num_tiles > 0) {
@@ -553,7 +563,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           const F16Logits<MMA_Q, KV_NT> probs{acc};
           softmax.update(probs, o, softmax_scale);
           await_v0();
-          pv<KV_NT>(frag, v_sub.base, probs, o);
+          pv<KV_NT>(frag, v_sub.base, probs, softmax, o);
         } else {
 #pragma unroll
           for (int piece = 0; piece < KV_SUB / F16_FLOAT_PIECE; ++piece) {
