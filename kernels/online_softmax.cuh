@@ -1,4 +1,4 @@
-// online_softmax.cuh — running max and sum of one warp's rows, in the base-2 domain.
+// online_softmax.cuh — running max (reference) and sum of one warp's rows, in the base-2 domain.
 //
 // Each thread holds two rows per m16 tile (g and g + 8, g = lane / 4); the four threads of a quad
 // share a row. Logits arrive as x with -inf for masked keys; the base-2 logit is x * scale
@@ -16,9 +16,19 @@
 //   p as rounded to the input type for P V, the very weights of the numerator.
 // Requires: common.cuh, mma.cuh.
 
+// How far (base 2) a row's max may grow past the reference the p are taken against before the
+// reference moves up and o and the sums are rescaled. Rescaling only when the max grows by more
+// than 2^8 makes it rare after the first tiles, where it was most tiles' work for some row of a
+// warp (the max of random logits keeps growing slowly). Nothing is lost: p and o are relative to
+// the same reference, p <= 2^8 stays far inside f16's and bf16's range, and the LSE adds the
+// reference back.
+constexpr float RESCALE_SLACK = 8.0f;
+
 template <int MMA_Q, typename P, bool SUM_BY_MMA>
 struct OnlineSoftmax {
-  float row_max[MMA_Q][2];  // base 2, per thread row; identical across a quad
+  // Base 2, per thread row, identical across a quad: the reference the row's p are taken against,
+  // at most RESCALE_SLACK below the row's max so far (-inf until a key is seen).
+  float row_max[MMA_Q][2];
   // In the m16n8 accumulator layout: row g in [0] (and [1]), row g + 8 in [2] (and [3]). Without
   // SUM_BY_MMA, [2h] is this thread's partial sum of row h, reduced in finish(), and [2h + 1] is
   // unused; with it, [2h] and [2h + 1] both hold row h's whole sum.
@@ -44,8 +54,8 @@ struct OnlineSoftmax {
   }
 
   // Turns the logits of one sub-tile (`s`: F32Logits or F16Logits below) into probabilities
-  // relative to the new running max and rescales the output accumulators `o` when the max grew.
-  // The running max is kept in base-2 units. Each step runs over all of the thread's rows before
+  // relative to the rows' references (row_max) and rescales the output accumulators `o` when a
+  // reference moves up. Each step runs over all of the thread's rows before
   // the next one (independent chains, the quad shuffles of every row in flight together), and the
   // branches of the rescale come last, so that no row's latency waits behind another row's branch.
   template <typename Logits, int VO_NT>
@@ -68,7 +78,11 @@ struct OnlineSoftmax {
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float mx = fmaxf(row_max[mq][h], raw[mq][h] * scale);
+        // The new max, unless it exceeds the reference by at most RESCALE_SLACK (then the
+        // reference stays, and this sub-tile's p may reach 2^RESCALE_SLACK). -inf + slack is
+        // -inf, so the first finite max always becomes the reference.
+        const float seen = fmaxf(row_max[mq][h], raw[mq][h] * scale);
+        const float mx = seen <= row_max[mq][h] + RESCALE_SLACK ? row_max[mq][h] : seen;
         const float offset = mx == neg_inf() ? 0.0f : mx;
         rescale[mq][h] = exp2_approx(row_max[mq][h] - offset);
         row_max[mq][h] = mx;
@@ -78,7 +92,7 @@ struct OnlineSoftmax {
           sum(mq, h) = sum(mq, h) * rescale[mq][h] + s.template exp_row<true>(mq, h, scale, offset);
         }
       }
-    // The rescale is 1 for every row whose max did not grow: skip the multiplies when that holds
+    // The rescale is 1 for every row whose reference did not move: skip the multiplies when that holds
     // for the whole warp (a uniform branch per row group; the common case after the first tiles).
     // With SUM_BY_MMA the sums are rescaled there too, before P V adds this sub-tile's.
 #pragma unroll
