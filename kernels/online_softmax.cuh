@@ -92,14 +92,20 @@ struct OnlineSoftmax {
           sum(mq, h) = sum(mq, h) * rescale[mq][h] + s.template exp_row<true>(mq, h, scale, offset);
         }
       }
-    // The rescale is 1 for every row whose reference did not move: skip the multiplies when that holds
-    // for the whole warp (a uniform branch per row group; the common case after the first tiles).
+    // The rescale is 1 for every row whose reference did not move: skip the multiplies when that
+    // holds for all of the warp's rows (one uniform branch; with the slack, the common case after
+    // the first tile). A row whose rescale is 1 is multiplied by 1 when another row's is not.
     // With SUM_BY_MMA the sums are rescaled there too, before P V adds this sub-tile's.
+    bool moved = false;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (__any_sync(0xffffffffu, rescale[mq][h] != 1.0f)) {
+      for (int h = 0; h < 2; ++h) moved = moved || rescale[mq][h] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           if constexpr (SUM_BY_MMA) {
             row_sum[mq][2 * h] *= rescale[mq][h];
             row_sum[mq][2 * h + 1] *= rescale[mq][h];
@@ -110,7 +116,7 @@ struct OnlineSoftmax {
             o[mq][dt][2 * h + 1] *= rescale[mq][h];
           }
         }
-      }
+    }
   }
 
   // Reduces the sums over the quad, normalises o and returns the natural-log LSE per row
