@@ -58,7 +58,11 @@ fn the_reference_renders_the_fast_kernels_mask_and_variant_code() {
     ] {
         assert!(r.source.contains(needle), "missing {needle}");
     }
-    assert_eq!(r.snippets.len(), 3, "transform, mask and sink hooks");
+    assert_eq!(
+        r.snippets.len(),
+        4,
+        "transform, transform from the accumulator, mask and sink hooks"
+    );
 }
 
 #[test]
