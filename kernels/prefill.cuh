@@ -70,11 +70,15 @@ constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
 // Whether the row sums come from the tensor cores (online_softmax.cuh). Only for f16 P, whose
 // rounding (2^-11) moves a row's sum, and so the LSE, by at most 5e-4; bf16 P (2^-9) could move
-// the LSE by 2e-3, beyond its 1e-3 bound, so bf16 kernels add in f32. And only for 32-row warps:
+// the LSE by 2e-3, beyond its 1e-3 bound, so bf16 kernels add in f32. Only for 32-row warps:
 // H200, session 7 run 2 (ABBA, one call), against f32 adds: +4.6% s4096 causal, +6.6% f16 QK,
 // +1.6% / +1.9% s1024 / s2048 non-causal, +2.3% D=64, +2% paged prefill, +1.5% soft-cap; the
-// 16-row warps lost (-0.9% s512 non-causal, -1.5% D=256).
-constexpr bool SUM_BY_MMA = !DTypeTraits<DTypeIn>::IS_BF16 && MMA_Q >= 2;
+// 16-row warps lost (-0.9% s512 non-causal, -1.5% D=256). And only without a window or custom
+// mask: the sums' accumulators take 4 more registers through the loop, and the kernels that
+// also hold a mask's state there spilled past the budget (custom mask with a custom variant
+// 176 B; window with ALiBi 88 B; NVRTC 13, session 7).
+constexpr bool SUM_BY_MMA = !DTypeTraits<DTypeIn>::IS_BF16 && MMA_Q >= 2 &&
+                            (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, DTypeIn, SUM_BY_MMA>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
