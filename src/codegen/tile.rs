@@ -132,13 +132,14 @@ impl TileConfig {
     /// Bytes of register spills (stores or loads, as ptxas reports them) a prefill kernel is
     /// declared to allow; `attnforge compile` fails any kernel above it.
     ///
-    /// Why not zero: ptxas leaves some 255-register kernels a few registers short. Session 6
-    /// (NVRTC 13, the CI matrix of 2884 kernels for sm_90a and sm_80): 187 spill, 4 to 68 bytes of
-    /// stores; 182 of them are D=128 `w4q2kv64` kernels with a variant, a custom or window mask,
-    /// or f16 QK (the K/V range bounds and row sums, read off the SASS), the other 5 D=64. The
-    /// benchmarked f32 kernels (D=128, causal and non-causal, ragged) spill nothing. The 32-key
-    /// sub-tile would remove most, but costs 3% (soft-cap) to 11% (f16 QK) on the H200. The
-    /// budget keeps the rest visible and bounded; removing them is tracked in
+    /// Why not zero: ptxas leaves some 255-register kernels a few registers short. Session 7
+    /// (NVRTC 13, the CI matrix of 2884 kernels for sm_90a and sm_80): 181 spill, 4 to 60 bytes of
+    /// stores; 174 of them are D=128 `w4q2kv64` kernels, the other 7 D=64 `w4q1kv64`. The
+    /// benchmarked f16 D=128 kernels spill 4 to 28 bytes since the row sums moved to the tensor
+    /// cores (4 more registers through the loop), and are faster all the same; the kernels that
+    /// also carry a window or custom mask went past this budget with them and keep f32 row sums.
+    /// The 32-key sub-tile would remove most spills, but costs 3% (soft-cap) to 11% (f16 QK) on
+    /// the H200. The budget keeps the rest visible and bounded; removing them is tracked in
     /// `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
