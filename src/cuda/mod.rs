@@ -30,4 +30,6 @@ pub use merge::DeviceState;
 pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
-pub use schedule::{choose_kv_split, choose_tile, prefill_work, KvSplit, SplitChoice, WorkItem};
+pub use schedule::{
+    choose_kv_split, choose_tile, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
+};

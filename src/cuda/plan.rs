@@ -9,7 +9,9 @@ use super::engine::{Engine, LoadedKernel};
 use super::error::DriverContext;
 use super::launch::{launch_1d, Launch1d};
 use super::problem_arrays::ProblemArrays;
-use super::schedule::{choose_kv_split, choose_tile, prefill_work, KvSplit, SplitChoice};
+use super::schedule::{
+    choose_kv_split, choose_tile, prefill_work, split_slots, KvSplit, SplitChoice,
+};
 use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
@@ -120,7 +122,12 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
-        let planned = choose_kv_split(problem, cta_q, kv_tile, slots);
+        let planned = choose_kv_split(
+            problem,
+            cta_q,
+            kv_tile,
+            split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
+        );
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
         let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref(), slots)

@@ -188,6 +188,24 @@ pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
     best.map_or(key_split, |(_, t)| t)
 }
 
+/// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
+/// `ctas_per_sm` of whose CTAs fit on each of `sm_count` SMs: every resident CTA for the
+/// key-split tile (decode: memory-bound, each CTA adds loads in flight), at most
+/// [`ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
+/// processor of its own at a fixed cost per key, which holds for two row-tile CTAs per SM (the
+/// measurements behind the costs); past that, co-resident CTAs share the SM's tensor cores, and a
+/// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
+/// run 3: the D=64 64-row tile (4 to 5 CTAs per SM) was split in two at seq 512 and 1024 and ran
+/// at 47 and 99 TFLOP/s (causal), against 70 and 146 for the 128-row tile unsplit.
+pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
+    let per_sm = if tile.split_keys {
+        ctas_per_sm
+    } else {
+        ctas_per_sm.min(ROW_TILE_CTAS_PER_SM as u32)
+    };
+    sm_count * per_sm.max(1) as usize
+}
+
 /// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
 /// (`w4q2kv64`: 255 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
 /// KV split of the chosen tile is then planned with the loaded kernel's real occupancy.
@@ -520,6 +538,23 @@ mod tests {
         assert!(
             waves.ceil() - waves < 0.35 || waves > 8.0,
             "{split:?}: {waves} waves"
+        );
+    }
+
+    #[test]
+    fn row_tiles_split_for_two_ctas_per_sm_and_decode_for_all_it_holds() {
+        let narrow = TileConfig::parse("w4q1kv64").expect("a row tile");
+        let decode = TileConfig::key_split(HeadDims::new(64, 64).expect("valid dims"));
+        assert_eq!(split_slots(narrow, 132, 5), 264);
+        assert_eq!(split_slots(narrow, 132, 1), 132);
+        assert_eq!(split_slots(decode, 132, 6), 792);
+        // The D=64 64-row tile holds 5 CTAs per SM: counted as 660 slots, a causal seq-512
+        // prefill's 256 CTAs looked worth splitting in two (measured 0.67x the 128-row tile).
+        let short = problem(&[(512, 512)], 32, 32, Mask::Causal);
+        assert!(choose_kv_split(&short, 64, 64, 132 * 5).is_some());
+        assert_eq!(
+            choose_kv_split(&short, 64, 64, split_slots(narrow, 132, 5)),
+            None
         );
     }
 
