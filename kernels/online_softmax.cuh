@@ -10,10 +10,11 @@
 // - false: each thread adds its own columns' p in f32 (one FADD per element), and finish()
 //   reduces over the quad;
 // - true: the tensor cores add them. The P V product calls accumulate_sums with each k16 block
-//   of P (the A fragment it multiplies V by), which multiplies it by a matrix of ones into an
-//   m16n8 f32 accumulator whose every column is the row's sum over the whole quad: one mma per
-//   m16 tile and 16 keys instead of 16 FADDs, and no reduction at the end. The sum is then of the
-//   p as rounded to the input type for P V, the very weights of the numerator.
+//   of P as f16 (the A fragment it multiplies V by, for f16 inputs; packed again from the same p
+//   for bf16), which multiplies it by a matrix of ones into an m16n8 f32 accumulator whose every
+//   column is the row's sum over the whole quad: one mma per m16 tile and 16 keys instead of 16
+//   FADDs, and no reduction at the end. The sum is then of the p as rounded to f16: for f16
+//   inputs the very weights of the numerator.
 // Requires: common.cuh, mma.cuh.
 
 // How far (base 2) a row's max may grow past the reference the p are taken against before the
@@ -47,10 +48,12 @@ struct OnlineSoftmax {
   // This thread's sum of row (mq, h): partial or whole, as above.
   __device__ __forceinline__ float& sum(int mq, int h) { return row_sum[mq][2 * h]; }
 
-  // With SUM_BY_MMA, adds the rows of one k16 block of P (`a`: the A fragment of m16 tile mq) to
-  // the sums; nothing otherwise.
+  // With SUM_BY_MMA, adds the rows of one k16 block of P as f16 (`a`: in the A fragment layout of
+  // m16 tile mq) to the sums; nothing otherwise.
   __device__ __forceinline__ void accumulate_sums(int mq, const u32_t (&a)[4]) {
-    if constexpr (SUM_BY_MMA) mma_f32acc<P>(row_sum[mq], a, DTypeTraits<P>::ONE2, DTypeTraits<P>::ONE2);
+    if constexpr (SUM_BY_MMA) {
+      mma_f32acc<f16_t>(row_sum[mq], a, DTypeTraits<f16_t>::ONE2, DTypeTraits<f16_t>::ONE2);
+    }
   }
 
   // Turns the logits of one sub-tile (`s`: F32Logits or F16Logits below) into probabilities
@@ -154,10 +157,10 @@ struct OnlineSoftmax {
 
 // The logits of one sub-tile as OnlineSoftmax::update takes them, in the m16n8 accumulator
 // layout (row g of a thread's pair h = 0, row g + 8 for h = 1), and the probabilities it leaves
-// in their place. Three operations: thread_row_max (this thread's max of row (mq, h) over its
+// in their place. Four operations: thread_row_max (this thread's max of row (mq, h) over its
 // columns), exp_row (p = exp2(x * scale - offset) for the row's elements, replacing them, and
-// with WITH_SUM their sum, else 0) and p_pair (the row's two probabilities of n8 tile nt as packed `P` input of the PV
-// product).
+// with WITH_SUM their sum, else 0), p_pair (the row's two probabilities of n8 tile nt as packed
+// `P` input of the PV product) and sum_pair (the same two as f16, for the row sums by mma).
 
 // f32 logits (any QK accumulation, after the transform and the mask): p is kept as float
 // until p_pair rounds it to the input dtype.
@@ -186,6 +189,10 @@ struct F32Logits {
   }
   __device__ __forceinline__ u32_t p_pair(int mq, int nt, int h) const {
     return DTypeTraits<P>::pack2(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]);
+  }
+  // The same pair as f16 for the row sums (for f16 P the same conversion as p_pair's, merged).
+  __device__ __forceinline__ u32_t sum_pair(int mq, int nt, int h) const {
+    return DTypeTraits<f16_t>::pack2(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]);
   }
 };
 
@@ -221,6 +228,7 @@ struct F16Logits {
     return sum;
   }
   __device__ __forceinline__ u32_t p_pair(int mq, int nt, int h) const { return acc[mq][nt][h]; }
+  __device__ __forceinline__ u32_t sum_pair(int mq, int nt, int h) const { return acc[mq][nt][h]; }
 };
 
 // Combines the states of NUM_WARPS warps that ran the same rows over different keys (the

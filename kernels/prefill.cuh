@@ -68,16 +68,21 @@ constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // in one call): f16 QK +3.6%, but f32 QK -1.7% (s4096) and -1% (GQA s8192), same spills, so only
 // the f16-QK kernels take it.
 constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
-// Whether the row sums come from the tensor cores (online_softmax.cuh). Only for f16 P, whose
-// rounding (2^-11) moves a row's sum, and so the LSE, by at most 5e-4; bf16 P (2^-9) could move
-// the LSE by 2e-3, beyond its 1e-3 bound, so bf16 kernels add in f32. Only for 32-row warps:
+// Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
+// (2^-11 relative), which moves a row's sum, and so the LSE, by at most 5e-4. With f16 inputs
+// that is P itself; bf16 P (2^-8) could move the LSE by 4e-3, beyond its 1e-3 bound, so bf16
+// kernels pack p to f16 a second time for the sums (one conversion per two p, against two FADDs),
+// and only at head dim 64, where the softmax is the larger share of the loop. H200, session 8
+// run 4 (ABBA, one call), bf16 against f32 adds: D=64 non-causal +11% (s4096 291 -> 323 TFLOP/s,
+// s16384 302 -> 335, s1024 235 -> 255); D=128 mixed, so not taken (s4096 causal +0.8%, s1024 /
+// s4096 non-causal -1.4% / -0.5%, GQA 32/8 s8192 causal -2.4%). Only for 32-row warps:
 // H200, session 7 run 2 (ABBA, one call), against f32 adds: +4.6% s4096 causal, +6.6% f16 QK,
 // +1.6% / +1.9% s1024 / s2048 non-causal, +2.3% D=64, +2% paged prefill, +1.5% soft-cap; the
 // 16-row warps lost (-0.9% s512 non-causal, -1.5% D=256). And only without a window or custom
 // mask: the sums' accumulators take 4 more registers through the loop, and the kernels that
 // also hold a mask's state there spilled past the budget (custom mask with a custom variant
 // 176 B; window with ALiBi 88 B; NVRTC 13, session 7).
-constexpr bool SUM_BY_MMA = !DTypeTraits<DTypeIn>::IS_BF16 && MMA_Q >= 2 &&
+constexpr bool SUM_BY_MMA = MMA_Q >= 2 && (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
                             (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, DTypeIn, SUM_BY_MMA>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
@@ -253,7 +258,8 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 }
 
 // O += P V for this warp's rows over the NT * 8 keys of `P` (F32Logits or F16Logits after the
-// softmax update), V rows from `v_base`; each k16 block of P also goes to the softmax's row sums.
+// softmax update), V rows from `v_base`; with SUM_BY_MMA each k16 block of P, as f16, also goes to
+// the softmax's row sums.
 template <int NT, typename Probs>
 __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, Softmax& softmax,
                                    float (&o)[MMA_Q][VO_NT][4]) {
@@ -266,7 +272,11 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
       a[mq][1] = P.p_pair(mq, 2 * kk, 1);
       a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
       a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
-      softmax.accumulate_sums(mq, a[mq]);
+      if constexpr (SUM_BY_MMA) {
+        const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
+                             P.sum_pair(mq, 2 * kk + 1, 1)};
+        softmax.accumulate_sums(mq, sa);
+      }
     }
 #pragma unroll
     for (int db = 0; db < VO_NT / 2; ++db) {
