@@ -208,7 +208,8 @@ pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize
 
 /// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
 /// (`w4q2kv64`: 255 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
-/// KV split of the chosen tile is then planned with the loaded kernel's real occupancy.
+/// KV split of the chosen tile is then planned with the loaded kernel's real occupancy, capped at
+/// this many CTAs per SM for a row tile ([`split_slots`]).
 const ROW_TILE_CTAS_PER_SM: usize = 2;
 
 /// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
