@@ -14,6 +14,13 @@ span from the earliest target to the latest source of the backward branches that
 
 Example (session 7, s1024 non-causal: 1024 warps x 16 tiles of 64 keys): the CSVs are in
 docs/results/ncu/.
+
+With --reasons, also the loop's stall samples per reason (the CSV's `stall_*` columns, which ncu
+writes when the report has per-instruction sampling), each with the opcodes that take most of
+them: `wait` on HMMA is a fixed-latency dependency chain, `long_sb` on an integer instruction a
+register still to be read by an earlier copy, and so on.
+
+  python3 bench/ncu_loop_mix.py ours.csv.gz theirs.csv.gz --per 131072 --reasons
 """
 import argparse
 import collections
@@ -24,7 +31,8 @@ import sys
 
 
 def load(path):
-    """(address, SASS text, stall samples, executed warp instructions) per line."""
+    """(address, SASS text, stall samples, executed warp instructions) per line, and per line the
+    stall samples by reason ({} when the CSV has no `stall_*` columns)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         rows = list(csv.reader(f))
@@ -37,17 +45,21 @@ def load(path):
                ("Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed")}
     except ValueError as e:
         sys.exit(f"{path}: {e} (was the report taken with --section SourceCounters?)")
-    lines = []
+    # Per-reason samples of all warps (not the "(Not Issued)" copies of the same columns).
+    reason_cols = {name[len("stall_"):]: i for i, name in enumerate(header)
+                   if name.startswith("stall_") and "(" not in name}
+    lines, reasons = [], []
     for r in rows[header_at + 1:]:
         try:
             lines.append((int(r[col["Address"]], 16), r[col["Source"]].strip(),
                           int(r[col["Warp Stall Sampling (All Samples)"]] or 0),
                           int(r[col["Instructions Executed"]] or 0)))
+            reasons.append({k: int(r[i] or 0) for k, i in reason_cols.items()})
         except (ValueError, IndexError):
             continue
     if not lines:
         sys.exit(f"{path}: no SASS lines")
-    return lines
+    return lines, reasons
 
 
 def main_loop(lines):
@@ -74,7 +86,7 @@ def opcode(text):
 
 
 def summarise(path, per):
-    lines = load(path)
+    lines, _reasons = load(path)
     lo, hi = main_loop(lines)
     total_ex = sum(x[3] for x in lines) or 1
     total_st = sum(x[2] for x in lines) or 1
@@ -92,11 +104,47 @@ def summarise(path, per):
     return mix, stalls
 
 
+def loop_reasons(path):
+    """Stall samples of the main loop per reason, and per reason per opcode."""
+    lines, reasons = load(path)
+    lo, hi = main_loop(lines)
+    total = collections.Counter()
+    by_op = collections.defaultdict(collections.Counter)
+    for (_addr, text, _st, _ex), rs in zip(lines[lo:hi + 1], reasons[lo:hi + 1]):
+        for reason, n in rs.items():
+            total[reason] += n
+            by_op[reason][opcode(text)] += n
+    if not total:
+        sys.exit(f"{path}: no stall_* columns (take the report with --section SourceCounters "
+                 "and --section WarpStateStats)")
+    return total, by_op
+
+
+def print_reasons(paths):
+    results = [loop_reasons(p) for p in paths]
+    order = sorted(set().union(*(t for t, _ in results)), key=lambda r: -results[0][0][r])
+    print("\nloop stall samples per reason (share of the file's loop samples; top opcodes)")
+    for reason in order:
+        cells = []
+        for total, by_op in results:
+            n = total[reason]
+            if n == 0:
+                cells.append(f"{0:8d}        ")
+                continue
+            share = n / (sum(total.values()) or 1)
+            top = ", ".join(f"{op} {c}" for op, c in by_op[reason].most_common(3))
+            cells.append(f"{n:8d} ({share:5.1%}) {top}")
+        if any(total[reason] for total, _ in results):
+            print(f"  {reason:18s} " + "  |  ".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", nargs="+", help="one or two ncu source CSVs (.csv or .csv.gz)")
     ap.add_argument("--per", type=float, default=1.0,
                     help="divide the loop's counts by this (e.g. warps x KV tiles)")
+    ap.add_argument("--reasons", action="store_true",
+                    help="also the loop's stall samples per reason, with the opcodes behind them")
     args = ap.parse_args()
     if len(args.csv) > 2:
         ap.error("at most two files")
@@ -110,6 +158,8 @@ def main():
     for op in ops:
         print(f"{op:10s}" + "".join(f"{m[op]:14.1f}{s[op]:9d}" for m, s in results))
     print(f"{'all':10s}" + "".join(f"{sum(m.values()):14.1f}{sum(s.values()):9d}" for m, s in results))
+    if args.reasons:
+        print_reasons(args.csv)
 
 
 if __name__ == "__main__":
