@@ -85,9 +85,7 @@ def opcode(text):
     return word.split(".")[0]
 
 
-def summarise(path, per):
-    lines, _reasons = load(path)
-    lo, hi = main_loop(lines)
+def summarise(path, lines, lo, hi, per):
     total_ex = sum(x[3] for x in lines) or 1
     total_st = sum(x[2] for x in lines) or 1
     print(f"{path}: {len(lines)} SASS lines, {total_ex} warp instructions, {total_st} stall samples")
@@ -104,10 +102,8 @@ def summarise(path, per):
     return mix, stalls
 
 
-def loop_reasons(path):
+def loop_reasons(path, lines, reasons, lo, hi):
     """Stall samples of the main loop per reason, and per reason per opcode."""
-    lines, reasons = load(path)
-    lo, hi = main_loop(lines)
     total = collections.Counter()
     by_op = collections.defaultdict(collections.Counter)
     for (_addr, text, _st, _ex), rs in zip(lines[lo:hi + 1], reasons[lo:hi + 1]):
@@ -120,8 +116,7 @@ def loop_reasons(path):
     return total, by_op
 
 
-def print_reasons(paths):
-    results = [loop_reasons(p) for p in paths]
+def print_reasons(results):
     order = sorted(set().union(*(t for t, _ in results)), key=lambda r: -results[0][0][r])
     print("\nloop stall samples per reason (share of the file's loop samples; top opcodes)")
     for reason in order:
@@ -150,7 +145,11 @@ def main():
         ap.error("at most two files")
     if args.per <= 0:
         ap.error("--per must be positive")
-    results = [summarise(p, args.per) for p in args.csv]
+    loaded = []
+    for path in args.csv:
+        lines, reasons = load(path)
+        loaded.append((path, lines, reasons, *main_loop(lines)))
+    results = [summarise(path, lines, lo, hi, args.per) for path, lines, _r, lo, hi in loaded]
     ops = sorted(set().union(*(m for m, _ in results)), key=lambda o: -results[0][0][o])
     names = [f"file {i + 1}" for i in range(len(results))]
     print(f"\nloop mix per {args.per:g}: " + ", ".join(f"{n} = {p}" for n, p in zip(names, args.csv)))
@@ -159,7 +158,7 @@ def main():
         print(f"{op:10s}" + "".join(f"{m[op]:14.1f}{s[op]:9d}" for m, s in results))
     print(f"{'all':10s}" + "".join(f"{sum(m.values()):14.1f}{sum(s.values()):9d}" for m, s in results))
     if args.reasons:
-        print_reasons(args.csv)
+        print_reasons([loop_reasons(*item) for item in loaded])
 
 
 if __name__ == "__main__":
