@@ -117,7 +117,7 @@ def loop_reasons(path, lines, reasons, lo, hi):
 
 
 def print_reasons(results):
-    order = sorted(set().union(*(t for t, _ in results)), key=lambda r: -results[0][0][r])
+    order = sorted(set().union(*(t for t, _ in results)), key=lambda r: (-results[0][0][r], r))
     print("\nloop stall samples per reason (share of the file's loop samples; top opcodes)")
     for reason in order:
         cells = []
@@ -150,7 +150,7 @@ def main():
         lines, reasons = load(path)
         loaded.append((path, lines, reasons, *main_loop(lines)))
     results = [summarise(path, lines, lo, hi, args.per) for path, lines, _r, lo, hi in loaded]
-    ops = sorted(set().union(*(m for m, _ in results)), key=lambda o: -results[0][0][o])
+    ops = sorted(set().union(*(m for m, _ in results)), key=lambda o: (-results[0][0][o], o))
     names = [f"file {i + 1}" for i in range(len(results))]
     print(f"\nloop mix per {args.per:g}: " + ", ".join(f"{n} = {p}" for n, p in zip(names, args.csv)))
     print(f"{'opcode':10s}" + "".join(f"{n + ' instr':>14s}{'samples':>9s}" for n in names))
