@@ -24,7 +24,7 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32)[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)[0],
     }
 }
 
@@ -187,7 +187,7 @@ fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
     // The 64-key tile measured faster than 32-key sub-tiles with f32 accumulators too
     // (docs/perf-notes.md, session 5 run 1); no head dim depends on the accumulation today.
     let labels = |dims: HeadDims, accum| -> Vec<String> {
-        TileConfig::candidates(dims, accum)
+        TileConfig::candidates(dims, accum, KvCache::Ragged)
             .iter()
             .map(|t| t.label())
             .collect()
@@ -236,7 +236,7 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 #[test]
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
-    let any_tile = TileConfig::row_tiles(dims, QkAccum::F32)[0];
+    let any_tile = TileConfig::row_tiles(dims, QkAccum::F32, KvCache::Ragged)[0];
     let f32_problem =
         AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F32);
     match KernelSpec::for_problem(&f32_problem, KvCache::Ragged, any_tile) {
