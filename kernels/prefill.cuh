@@ -524,8 +524,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
     cp_async_commit();
   };
-  // The tile being computed.
-  int t = 0;
+  // One K/V buffer: the tile whose K rows the V barrier below lets out (t + 1 during tile t).
+  int k_next = 0;
   // With FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
   // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
@@ -538,7 +538,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       if constexpr (SINGLE_BUFFER) {
         cp_async_wait<0>();
         __syncthreads();
-        if constexpr (!spec::QK_F16_ACCUM) load_k(t + 1);
+        if constexpr (!spec::QK_F16_ACCUM) load_k(k_next);
       } else {
         cp_async_wait<1>();
         __syncthreads();
@@ -584,12 +584,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_row0, lane);
-  for (t = 0; t < num_tiles; ++t) {
+  for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q); V_t, the newest group, is awaited before P V.
       cp_async_wait<1>();
       __syncthreads();
       v_pending = true;
+      k_next = t + 1;
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
       if (t > 0 || !FIRST_V_LATE) {

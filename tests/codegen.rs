@@ -24,7 +24,8 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)
+            [0],
     }
 }
 
@@ -174,10 +175,26 @@ fn every_code_changing_field_changes_the_source() {
 
 #[test]
 fn tiles_round_trip_through_their_labels() {
-    for label in ["w4q2kv64", "w4q2kv64s32", "w4q1kv32"] {
+    for label in [
+        "w4q2kv64",
+        "w4q2kv64s32",
+        "w4q1kv32",
+        "w4q1kv64s16k",
+        "w4q1kv64b1",
+    ] {
         assert_eq!(TileConfig::parse(label).unwrap().label(), label);
     }
-    for bad in ["", "w4", "w4q2kv60", "w4q2kv64s48", "w9q1kv64", "x4q1kv64"] {
+    // One K/V buffer needs one sub-tile per tile and the rows layout.
+    for bad in [
+        "",
+        "w4",
+        "w4q2kv60",
+        "w4q2kv64s48",
+        "w9q1kv64",
+        "x4q1kv64",
+        "w4q1kv64s32b1",
+        "w4q1kv64s16kb1",
+    ] {
         assert!(TileConfig::parse(bad).is_none(), "{bad:?} parsed");
     }
 }
@@ -202,6 +219,44 @@ fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
     for dims in [64, 256].map(|d| HeadDims::equal(d).unwrap()) {
         assert_eq!(labels(dims, QkAccum::F16), labels(dims, QkAccum::F32));
     }
+}
+
+#[test]
+fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
+    let d256 = HeadDims::equal(256).unwrap();
+    for accum in [QkAccum::F16, QkAccum::F32] {
+        let ragged = TileConfig::row_tiles(d256, accum, KvCache::Ragged);
+        let paged = TileConfig::row_tiles(d256, accum, KvCache::Paged);
+        assert_eq!(
+            ragged.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["w4q1kv64b1"]
+        );
+        assert_eq!(
+            paged.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["w4q1kv32"]
+        );
+        // Both fit two CTAs per SM (at most 113 KB each on sm_90 and sm_80).
+        assert_eq!(ragged[0].smem_bytes(d256), 96 * 1024);
+        assert_eq!(paged[0].smem_bytes(d256), 96 * 1024);
+    }
+    // Every other head dim keeps two buffers everywhere.
+    for dims in HeadDims::all().filter(|d| d.qk() != 256) {
+        for kv in KvCache::ALL {
+            assert!(TileConfig::candidates(dims, QkAccum::F32, kv)
+                .iter()
+                .all(|t| t.kv_stages == 2));
+        }
+    }
+    // A one-buffer tile over a paged cache is refused, saying what is supported.
+    let p = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d256, DType::F16);
+    let b1 = TileConfig::parse("w4q1kv64b1").unwrap();
+    match KernelSpec::for_problem(&p, KvCache::Paged, b1) {
+        Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("ragged")),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let spec = KernelSpec::for_problem(&p, KvCache::Ragged, b1).unwrap();
+    let source = render(&spec).source;
+    assert!(source.contains("constexpr int KV_STAGES = 1;"));
 }
 
 #[test]
