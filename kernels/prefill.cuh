@@ -13,7 +13,8 @@
 // S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). With one
 // K/V buffer (KV_STAGES = 1: the rows layout over ragged K/V, one sub-tile per tile, for tiles
 // too large to double-buffer at two CTAs per SM), tile t + 1's K rows load during tile t's P V
-// and its V rows during tile t + 1's S = Q K^T. Per
+// and its V rows during tile t + 1's S = Q K^T, two barriers per tile (with f16 QK both load
+// after tile t, whose overflow fallback reads K during P V: three barriers). Per
 // sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
 // accumulators). Tiles wholly masked are skipped; element masks run only
@@ -524,25 +525,19 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
     cp_async_commit();
   };
-  // One K/V buffer: the tile whose K rows the V barrier below lets out (t + 1 during tile t).
-  int k_next = 0;
   // With FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
   // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
   // are the newest group and awaited so; that barrier also tells that every warp is past this
-  // tile's S = Q K^T, so tile t + 1's K rows go out then, unless the f16-QK overflow fallback
-  // still reads K_t during P V (then after the tile).
+  // tile's S = Q K^T, so with f32 QK the caller then lets tile t + 1's K rows out (with f16 QK the
+  // overflow fallback still reads K_t during P V: after the tile). This hook holds nothing but
+  // v_pending: holding more (the K loader) moved ptxas's register allocation of the two-buffer
+  // kernels, which do not use it (NVRTC 13, session 10).
   bool v_pending = FIRST_V_LATE;
   auto await_v = [&]() {
     if (v_pending) {
-      if constexpr (SINGLE_BUFFER) {
-        cp_async_wait<0>();
-        __syncthreads();
-        if constexpr (!spec::QK_F16_ACCUM) load_k(k_next);
-      } else {
-        cp_async_wait<1>();
-        __syncthreads();
-      }
+      cp_async_wait<SINGLE_BUFFER ? 0 : 1>();
+      __syncthreads();
       v_pending = false;
     }
   };
@@ -586,11 +581,21 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
-      // K_t has landed (tile 0: with Q); V_t, the newest group, is awaited before P V.
-      cp_async_wait<1>();
+      // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
+      // with f16 QK every tile's (issued after the tile before); with f32 QK, V_t goes out here,
+      // now that every warp is done with tile t - 1's P V, and lands during S = Q K^T (one
+      // barrier per tile fewer: H200, session 10, +0.3% to +1.3% at D=256; with f16 QK the later
+      // V cost 4%). V_t is awaited before P V.
+      if (spec::QK_F16_ACCUM || t == 0) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
       __syncthreads();
+      if constexpr (!spec::QK_F16_ACCUM) {
+        if (t > 0) load_v(t);
+      }
       v_pending = true;
-      k_next = t + 1;
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
       if (t > 0 || !FIRST_V_LATE) {
@@ -633,17 +638,32 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       } else {
         float s[MMA_Q][KV_NT][4];
         qk_f32(frag, k_sub.base, s);
-        float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s, o,
-                          await_v);
+        if constexpr (SINGLE_BUFFER) {
+          // The V barrier frees K's buffer: tile t + 1's K rows load during P V.
+          auto await_v_then_load_k = [&]() {
+            await_v();
+            load_k(t + 1);
+          };
+          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
+                            o, await_v_then_load_k);
+        } else {
+          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
+                            o, await_v);
+        }
       }
     }
     if constexpr (SINGLE_BUFFER) {
-      // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
-      await_v();
-      // Every warp is done with V_t (and K_t): tile t + 1's rows may overwrite them.
-      __syncthreads();
-      if constexpr (spec::QK_F16_ACCUM) load_k(t + 1);
-      load_v(t + 1);
+      if (v_pending) {
+        // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
+        await_v();
+        if constexpr (!spec::QK_F16_ACCUM) load_k(t + 1);
+      }
+      if constexpr (spec::QK_F16_ACCUM) {
+        // Every warp is done with V_t and K_t: tile t + 1's rows may overwrite them.
+        __syncthreads();
+        load_k(t + 1);
+        load_v(t + 1);
+      }
     }
   }
 
