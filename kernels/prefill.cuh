@@ -10,7 +10,11 @@
 // V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
 // double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
 // tile loads while this one computes (with 32-row warps, tile 0's V rows land while its
-// S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). Per
+// S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). With one
+// K/V buffer (KV_STAGES = 1: the rows layout over ragged K/V, one sub-tile per tile, for tiles
+// too large to double-buffer at two CTAs per SM), tile t + 1's K rows load during tile t's P V
+// and its V rows during tile t + 1's S = Q K^T, two barriers per tile (with f16 QK both load
+// after tile t, whose overflow fallback reads K during P V: three barriers). Per
 // sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
 // accumulators). Tiles wholly masked are skipped; element masks run only
@@ -33,6 +37,8 @@ constexpr bool WARPS_SPLIT_KEYS = spec::WARPS_SPLIT_KEYS;  // the KEYS warp layo
 constexpr int CTA_Q = (WARPS_SPLIT_KEYS ? 1 : NUM_WARPS) * MMA_Q * 16;
 constexpr int KV_TILE = spec::KV_TILE;  // keys loaded per barrier
 constexpr int KV_SUB = spec::KV_SUB;    // keys computed at a time (S registers)
+constexpr int KV_STAGES = spec::KV_STAGES;  // K/V buffers: 2, or 1 (SINGLE_BUFFER)
+constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
 constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
 constexpr int KV_NT = KV_SUB / 8;                  // n8 tiles of S per m16 tile
@@ -48,16 +54,19 @@ constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
 // each thread's K and V base pointers (PagedKvThread).
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
 constexpr int KV_BASES_BYTES = spec::KV_PAGED ? NUM_THREADS * 16 : 0;
-constexpr int SMEM_BYTES = Q_TILE_BYTES + 2 * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES;
+constexpr int SMEM_BYTES = Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES;
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
+static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
+              "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
 static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-split warps: equal sub-tiles per warp");
 static_assert(!WARPS_SPLIT_KEYS ||
-                  (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= 2 * (K_TILE_BYTES + V_TILE_BYTES),
+                  (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES),
               "key-split warps: the K/V buffers hold the warps' states for the merge");
 using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
-// Whether tile 0's P V waits for its V rows separately, after S = Q K^T (one more barrier). Only
+// Whether tile 0's P V waits for its V rows separately, after S = Q K^T (one more barrier), with
+// two K/V buffers (with one, every tile's P V does). Only
 // the rows layout can (key-split warps take different sub-tiles: no barrier inside the sub-tile
 // loop), and only the 32-row warps gain (H200, session 6 runs 2-3, same calls: +4% f16 QK s4096
 // causal, +2.4% paged prefill, +1% s1024 non-causal); 16-row warps lost (-4% s512 non-causal on
@@ -462,10 +471,10 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
 
   const SmemTile<QK_CHUNKS> q_tile{smem_addr(smem)};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
-  const u32_t v_base = k_base + 2 * K_TILE_BYTES;
+  const u32_t v_base = k_base + KV_STAGES * K_TILE_BYTES;
   // The K and V buffers of tile t (double-buffered: t % 2).
-  auto k_tile = [&](int t) { return SmemTile<QK_CHUNKS>{k_base + (t % 2) * K_TILE_BYTES}; };
-  auto v_tile = [&](int t) { return SmemTile<VO_CHUNKS>{v_base + (t % 2) * V_TILE_BYTES}; };
+  auto k_tile = [&](int t) { return SmemTile<QK_CHUNKS>{k_base + (t % KV_STAGES) * K_TILE_BYTES}; };
+  auto v_tile = [&](int t) { return SmemTile<VO_CHUNKS>{v_base + (t % KV_STAGES) * V_TILE_BYTES}; };
 
   const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
   // Ragged rows start at the request's first key; paged rows at its first page.
@@ -478,7 +487,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
 
   // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
   // 0's rows read the page table directly). The threads' K and V base pointers follow.
-  const u32_t ids_base = v_base + 2 * V_TILE_BYTES;
+  const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
   auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
   const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
@@ -500,15 +509,36 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
     cp_async_commit();
   };
+  // One K/V buffer: tile t's K rows, or its V rows, as one cp.async group, committed even when
+  // empty (past the last tile) so that every tile waits for the same groups.
+  auto load_k = [&](int t) {
+    if (t < num_tiles) {
+      const int k0 = kv_lo + t * KV_TILE;
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
+    }
+    cp_async_commit();
+  };
+  auto load_v = [&](int t) {
+    if (t < num_tiles) {
+      const int k0 = kv_lo + t * KV_TILE;
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
+    }
+    cp_async_commit();
+  };
   // With FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
-  // them. Otherwise the first tile waits for both groups.
-  bool v0_pending = FIRST_V_LATE;
-  auto await_v0 = [&]() {
-    if (v0_pending) {
-      cp_async_wait<1>();
+  // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
+  // are the newest group and awaited so; that barrier also tells that every warp is past this
+  // tile's S = Q K^T, so with f32 QK the caller then lets tile t + 1's K rows out (with f16 QK the
+  // overflow fallback still reads K_t during P V: after the tile). This hook holds nothing but
+  // v_pending: holding more (the K loader) moved ptxas's register allocation of the two-buffer
+  // kernels, which do not use it (NVRTC 13, session 10).
+  bool v_pending = FIRST_V_LATE;
+  auto await_v = [&]() {
+    if (v_pending) {
+      cp_async_wait<SINGLE_BUFFER ? 0 : 1>();
       __syncthreads();
-      v0_pending = false;
+      v_pending = false;
     }
   };
 
@@ -550,16 +580,34 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_row0, lane);
   for (int t = 0; t < num_tiles; ++t) {
-    // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
-    if (t > 0 || !FIRST_V_LATE) {
-      cp_async_wait<0>();
+    if constexpr (SINGLE_BUFFER) {
+      // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
+      // with f16 QK every tile's (issued after the tile before); with f32 QK, V_t goes out here,
+      // now that every warp is done with tile t - 1's P V, and lands during S = Q K^T (one
+      // barrier per tile fewer: H200, session 10, +0.3% to +1.3% at D=256; with f16 QK the later
+      // V cost 4%). V_t is awaited before P V.
+      if (spec::QK_F16_ACCUM || t == 0) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      if constexpr (!spec::QK_F16_ACCUM) {
+        if (t > 0) load_v(t);
+      }
+      v_pending = true;
     } else {
-      cp_async_wait<1>();
+      // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
+      if (t > 0 || !FIRST_V_LATE) {
+        cp_async_wait<0>();
+      } else {
+        cp_async_wait<1>();
+      }
+      __syncthreads();
+      // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
+      // while this whole tile computes.
+      load_kv(t + 1);
     }
-    __syncthreads();
-    // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
-    // while this whole tile computes.
-    load_kv(t + 1);
     // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
     // addresses and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
 #pragma unroll 1
@@ -576,7 +624,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           // The hot path: the softmax takes the accumulators as they are.
           const F16Logits<MMA_Q, KV_NT> probs{acc};
           softmax.update(probs, o, softmax_scale);
-          await_v0();
+          await_v();
           pv<KV_NT>(frag, v_sub.base, probs, softmax, o);
         } else {
 #pragma unroll
@@ -584,14 +632,37 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
             float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
-                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o, await_v0);
+                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o, await_v);
           }
         }
       } else {
         float s[MMA_Q][KV_NT][4];
         qk_f32(frag, k_sub.base, s);
-        float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s, o,
-                          await_v0);
+        if constexpr (SINGLE_BUFFER) {
+          // The V barrier frees K's buffer: tile t + 1's K rows load during P V.
+          auto await_v_then_load_k = [&]() {
+            await_v();
+            load_k(t + 1);
+          };
+          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
+                            o, await_v_then_load_k);
+        } else {
+          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
+                            o, await_v);
+        }
+      }
+    }
+    if constexpr (SINGLE_BUFFER) {
+      if (v_pending) {
+        // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
+        await_v();
+        if constexpr (!spec::QK_F16_ACCUM) load_k(t + 1);
+      }
+      if constexpr (spec::QK_F16_ACCUM) {
+        // Every warp is done with V_t and K_t: tile t + 1's rows may overwrite them.
+        __syncthreads();
+        load_k(t + 1);
+        load_v(t + 1);
       }
     }
   }

@@ -24,7 +24,8 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
-        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32)[0],
+        tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)
+            [0],
     }
 }
 
@@ -174,10 +175,26 @@ fn every_code_changing_field_changes_the_source() {
 
 #[test]
 fn tiles_round_trip_through_their_labels() {
-    for label in ["w4q2kv64", "w4q2kv64s32", "w4q1kv32"] {
+    for label in [
+        "w4q2kv64",
+        "w4q2kv64s32",
+        "w4q1kv32",
+        "w4q1kv64s16k",
+        "w4q1kv64b1",
+    ] {
         assert_eq!(TileConfig::parse(label).unwrap().label(), label);
     }
-    for bad in ["", "w4", "w4q2kv60", "w4q2kv64s48", "w9q1kv64", "x4q1kv64"] {
+    // One K/V buffer needs one sub-tile per tile and the rows layout.
+    for bad in [
+        "",
+        "w4",
+        "w4q2kv60",
+        "w4q2kv64s48",
+        "w9q1kv64",
+        "x4q1kv64",
+        "w4q1kv64s32b1",
+        "w4q1kv64s16kb1",
+    ] {
         assert!(TileConfig::parse(bad).is_none(), "{bad:?} parsed");
     }
 }
@@ -187,7 +204,7 @@ fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
     // The 64-key tile measured faster than 32-key sub-tiles with f32 accumulators too
     // (docs/perf-notes.md, session 5 run 1); no head dim depends on the accumulation today.
     let labels = |dims: HeadDims, accum| -> Vec<String> {
-        TileConfig::candidates(dims, accum)
+        TileConfig::candidates(dims, accum, KvCache::Ragged)
             .iter()
             .map(|t| t.label())
             .collect()
@@ -202,6 +219,44 @@ fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
     for dims in [64, 256].map(|d| HeadDims::equal(d).unwrap()) {
         assert_eq!(labels(dims, QkAccum::F16), labels(dims, QkAccum::F32));
     }
+}
+
+#[test]
+fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
+    let d256 = HeadDims::equal(256).unwrap();
+    for accum in [QkAccum::F16, QkAccum::F32] {
+        let ragged = TileConfig::row_tiles(d256, accum, KvCache::Ragged);
+        let paged = TileConfig::row_tiles(d256, accum, KvCache::Paged);
+        assert_eq!(
+            ragged.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["w4q1kv64b1"]
+        );
+        assert_eq!(
+            paged.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["w4q1kv32"]
+        );
+        // Both fit two CTAs per SM (at most 113 KB each on sm_90 and sm_80).
+        assert_eq!(ragged[0].smem_bytes(d256), 96 * 1024);
+        assert_eq!(paged[0].smem_bytes(d256), 96 * 1024);
+    }
+    // Every other head dim keeps two buffers everywhere.
+    for dims in HeadDims::all().filter(|d| d.qk() != 256) {
+        for kv in KvCache::ALL {
+            assert!(TileConfig::candidates(dims, QkAccum::F32, kv)
+                .iter()
+                .all(|t| t.kv_stages == 2));
+        }
+    }
+    // A one-buffer tile over a paged cache is refused, saying what is supported.
+    let p = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d256, DType::F16);
+    let b1 = TileConfig::parse("w4q1kv64b1").unwrap();
+    match KernelSpec::for_problem(&p, KvCache::Paged, b1) {
+        Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("ragged")),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let spec = KernelSpec::for_problem(&p, KvCache::Ragged, b1).unwrap();
+    let source = render(&spec).source;
+    assert!(source.contains("constexpr int KV_STAGES = 1;"));
 }
 
 #[test]
@@ -236,7 +291,7 @@ fn variant_layouts_put_pointers_first_and_pack_in_declaration_order() {
 #[test]
 fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     let dims = HeadDims::equal(64).unwrap();
-    let any_tile = TileConfig::row_tiles(dims, QkAccum::F32)[0];
+    let any_tile = TileConfig::row_tiles(dims, QkAccum::F32, KvCache::Ragged)[0];
     let f32_problem =
         AttentionProblem::new(RaggedBatch::single(4, 4).unwrap(), 2, 1, dims, DType::F32);
     match KernelSpec::for_problem(&f32_problem, KvCache::Ragged, any_tile) {

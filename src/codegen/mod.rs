@@ -74,7 +74,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
                         for kv in KvCache::ALL {
-                            for tile in TileConfig::candidates(head_dims, qk_accum) {
+                            for tile in TileConfig::candidates(head_dims, qk_accum, kv) {
                                 specs.push(KernelSpec {
                                     input_dtype: dtype,
                                     output_dtype: dtype,

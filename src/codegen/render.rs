@@ -117,7 +117,8 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         "namespace spec {{\nusing DTypeIn = {};\nusing DTypeOut = {};\nconstexpr int HEAD_DIM_QK = {};\n\
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
-         constexpr int KV_SUB = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool KV_PAGED = {};\n\
+         constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\n\
+         constexpr bool KV_PAGED = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
         cuda_dtype(spec.output_dtype),
@@ -129,6 +130,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.mma_q,
         spec.tile.kv_tile,
         spec.tile.kv_sub,
+        spec.tile.kv_stages,
         spec.tile.split_keys,
         spec.kv == KvCache::Paged,
     );

@@ -144,13 +144,21 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
 impl KernelSpec {
     /// The spec that runs `problem` with K/V from `kv` and CTA tiling `tile` (the planner picks
     /// it: `cuda::choose_tile`). Fails when the problem needs something the generator cannot emit (f32
-    /// inputs, a custom variant without CUDA source), saying what is supported.
+    /// inputs, a custom variant without CUDA source, a one-buffer tile over a paged cache),
+    /// saying what is supported.
     pub fn for_problem(
         problem: &AttentionProblem,
         kv: KvCache,
         tile: TileConfig,
     ) -> Result<KernelSpec, Error> {
         check_cuda_dtypes(problem)?;
+        if !tile.supports(kv) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("tile {} over {} K/V", tile.label(), kv.name()),
+                supported: "one K/V buffer (a `b1` tile) over ragged K/V only".into(),
+            });
+        }
         let variant = VariantSpec::for_variant(&problem.variant)?;
         Ok(KernelSpec {
             input_dtype: problem.input_dtype,

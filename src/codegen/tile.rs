@@ -3,6 +3,7 @@
 //! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
+use super::spec::KvCache;
 use crate::problem::{HeadDims, QkAccum};
 
 /// How one CTA of the prefill kernel is tiled.
@@ -20,6 +21,10 @@ pub struct TileConfig {
     /// (prefill); `true` gives every warp the same rows and a share of each KV tile's
     /// sub-tiles, merged at the end (decode and other short query tiles).
     pub split_keys: bool,
+    /// K/V buffers in shared memory: 2 (tile t + 1 loads while tile t computes) or 1 (tile
+    /// t + 1's K loads during tile t's P V and its V after it; the rows layout over ragged K/V,
+    /// with one sub-tile per tile).
+    pub kv_stages: u32,
 }
 
 /// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
@@ -39,15 +44,21 @@ impl TileConfig {
         self.num_warps * 32
     }
 
-    /// Dynamic shared memory: the Q tile and two K and V tiles each.
+    /// Dynamic shared memory: the Q tile and `kv_stages` K and V tiles each.
     pub fn smem_bytes(self, dims: HeadDims) -> u32 {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
-        self.cta_q() * qk_row + 2 * self.kv_tile * (qk_row + vo_row)
+        self.cta_q() * qk_row + self.kv_stages * self.kv_tile * (qk_row + vo_row)
     }
 
-    /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles, and
-    /// `w4q1kv64s16k` when the warps split the keys.
+    /// Whether a kernel over K/V from `kv` can use this tiling: a single K/V buffer only over
+    /// ragged rows (the paged loads stage page ids one tile ahead in two buffers).
+    pub fn supports(self, kv: KvCache) -> bool {
+        self.kv_stages == 2 || kv == KvCache::Ragged
+    }
+
+    /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles,
+    /// `w4q1kv64s16k` when the warps split the keys and `w4q1kv64b1` with one K/V buffer.
     pub fn label(self) -> String {
         let sub = if self.kv_sub == self.kv_tile {
             String::new()
@@ -55,15 +66,20 @@ impl TileConfig {
             format!("s{}", self.kv_sub)
         };
         let keys = if self.split_keys { "k" } else { "" };
+        let buffers = if self.kv_stages == 1 { "b1" } else { "" };
         format!(
-            "w{}q{}kv{}{sub}{keys}",
+            "w{}q{}kv{}{sub}{keys}{buffers}",
             self.num_warps, self.mma_q, self.kv_tile
         )
     }
 
     /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
-    /// `w4q1kv64s16k`); `None` for anything else or a tiling the kernel cannot run.
+    /// `w4q1kv64s16k`, `w4q1kv64b1`); `None` for anything else or a tiling the kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
+        let (s, kv_stages) = match s.strip_suffix("b1") {
+            Some(rest) => (rest, 1),
+            None => (s, 2),
+        };
         let (s, split_keys) = match s.strip_suffix('k') {
             Some(rest) => (rest, true),
             None => (s, false),
@@ -78,37 +94,44 @@ impl TileConfig {
             kv_tile: kv.parse().ok()?,
             kv_sub: sub.parse().ok()?,
             split_keys,
+            kv_stages,
         };
         let valid = (1..=8).contains(&t.num_warps)
             && (1..=4).contains(&t.mma_q)
             && t.kv_sub % 16 == 0
             && t.kv_sub > 0
             && t.kv_tile % t.kv_sub == 0
-            && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0);
+            && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0)
+            && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile));
         valid.then_some(t)
     }
 
     /// Every configuration the planner can pick for a kernel with these head dims and QK
-    /// accumulation (the compile matrix covers them all), widest first, the key-split tile for
-    /// short query tiles last; the row tiles were chosen by the tile sweeps on the H200 recorded
-    /// in `docs/perf-notes.md`. Head dim 128 computes whole 64-key tiles (`w4q2kv64`) with
-    /// either accumulator. With f32 accumulators S takes 64 of the 255 registers and ptxas spills
-    /// a few values (the KV range bounds and the row sums, within the budget below): measured
-    /// faster on the H200 than 32-key sub-tiles (`w4q2kv64s32`), which run the softmax
-    /// bookkeeping twice per tile (session 5 log in `docs/perf-notes.md`).
-    pub fn candidates(dims: HeadDims, qk_accum: QkAccum) -> Vec<TileConfig> {
-        let tile = |mma_q, kv_tile, kv_sub| TileConfig {
+    /// accumulation over K/V from `kv` (the compile matrix covers them all), widest first, the
+    /// key-split tile for short query tiles last; the row tiles were chosen by the tile sweeps
+    /// on the H200 recorded in `docs/perf-notes.md`. Head dim 128 computes whole 64-key tiles
+    /// (`w4q2kv64`) with either accumulator. With f32 accumulators S takes 64 of the 255
+    /// registers and ptxas spills a few values (the KV range bounds and the row sums, within the
+    /// budget below): measured faster on the H200 than 32-key sub-tiles (`w4q2kv64s32`), which
+    /// run the softmax bookkeeping twice per tile (session 5 log in `docs/perf-notes.md`).
+    /// Head dim 256 over ragged rows computes 64-key tiles with one K/V buffer (`w4q1kv64b1`,
+    /// 96 KB, two CTAs per SM; double-buffered, a 64-key tile needs 160 KB and one CTA per SM);
+    /// over a paged cache it keeps double-buffered 32-key tiles (`w4q1kv32`).
+    pub fn candidates(dims: HeadDims, qk_accum: QkAccum, kv: KvCache) -> Vec<TileConfig> {
+        let tile = |mma_q, kv_tile, kv_sub, kv_stages| TileConfig {
             num_warps: 4,
             mma_q,
             kv_tile,
             kv_sub,
             split_keys: false,
+            kv_stages,
         };
-        let mut tiles = match (dims.qk(), qk_accum) {
-            (64, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (128, _) => vec![tile(2, 64, 64), tile(1, 64, 64)],
-            (192, _) => vec![tile(1, 64, 32)],
-            _ => vec![tile(1, 32, 32)],
+        let mut tiles = match (dims.qk(), qk_accum, kv) {
+            (64, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
+            (128, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
+            (192, _, _) => vec![tile(1, 64, 32, 2)],
+            (_, _, KvCache::Ragged) => vec![tile(1, 64, 64, 1)],
+            (_, _, KvCache::Paged) => vec![tile(1, 32, 32, 2)],
         };
         tiles.push(Self::key_split(dims));
         tiles
@@ -126,6 +149,7 @@ impl TileConfig {
             kv_tile,
             kv_sub: 16,
             split_keys: true,
+            kv_stages: 2,
         }
     }
 
@@ -145,8 +169,8 @@ impl TileConfig {
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
     /// first; `cuda::choose_tile` picks one of them by simulating the block scheduler.
-    pub fn row_tiles(dims: HeadDims, qk_accum: QkAccum) -> Vec<TileConfig> {
-        Self::candidates(dims, qk_accum)
+    pub fn row_tiles(dims: HeadDims, qk_accum: QkAccum, kv: KvCache) -> Vec<TileConfig> {
+        Self::candidates(dims, qk_accum, kv)
             .into_iter()
             .filter(|t| !t.split_keys)
             .collect()

@@ -115,7 +115,7 @@ impl Backend for CudaBackend {
             } else {
                 KvCache::Ragged
             };
-            let tile = choose_tile(&case.problem, sm_count);
+            let tile = choose_tile(&case.problem, kv, sm_count);
             if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {

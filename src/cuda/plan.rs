@@ -114,7 +114,7 @@ impl KernelPlan {
         let sm_count = engine.info().sm_count as usize;
         let tile = options
             .tile
-            .unwrap_or_else(|| choose_tile(problem, sm_count));
+            .unwrap_or_else(|| choose_tile(problem, kv, sm_count));
         let spec = KernelSpec::for_problem(problem, kv, tile)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;

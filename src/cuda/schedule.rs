@@ -9,7 +9,7 @@
 //! query tiles read exceeds L2, the (request, KV head) pairs go in sections of about L2's size,
 //! longest first within each, so that the CTAs resident at one time read K/V that stays in L2.
 
-use crate::codegen::TileConfig;
+use crate::codegen::{KvCache, TileConfig};
 use crate::problem::{AttentionProblem, Mask};
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split).
@@ -145,7 +145,7 @@ pub fn choose_kv_split(
     best_split(problem, cta_q, kv_tile, slots, WIDEST_KEY_COST).1
 }
 
-/// The tile for `problem` on a GPU with `sm_count` SMs: the key-split tile when the longest
+/// The tile for `problem` over K/V from `kv` on a GPU with `sm_count` SMs: the key-split tile when the longest
 /// request's packed query rows fit in its rows (decode), else the row tile of
 /// [`TileConfig::row_tiles`] whose simulated finish (with its best KV split, as
 /// [`choose_kv_split`] finds it) is the earliest; a tie keeps the wider tile.
@@ -154,7 +154,7 @@ pub fn choose_kv_split(
 /// (0.85 of the wider tile's, measured), so it wins only where the wider tile leaves slots idle or
 /// one long tile ends the launch late: short causal prefills (seq 512 and 1024, where the last
 /// query tile sees every key) and prefills of fewer rows than the wider tile holds.
-pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
+pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> TileConfig {
     let dims = problem.head_dims;
     let max_packed_rows =
         problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
@@ -162,7 +162,7 @@ pub fn choose_tile(problem: &AttentionProblem, sm_count: usize) -> TileConfig {
     if max_packed_rows <= key_split.cta_q() as usize {
         return key_split;
     }
-    let rows = TileConfig::row_tiles(dims, problem.qk_accum);
+    let rows = TileConfig::row_tiles(dims, problem.qk_accum, kv);
     let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
     let slots = sm_count * ROW_TILE_CTAS_PER_SM;
     let mut best: Option<(u64, TileConfig)> = None;
@@ -584,7 +584,7 @@ mod tests {
     #[test]
     fn short_causal_prefills_take_the_narrow_tile_and_long_ones_the_wide() {
         let tile = |lens: &[(usize, usize)], hq, hkv, mask| {
-            let t = choose_tile(&problem(lens, hq, hkv, mask), 132);
+            let t = choose_tile(&problem(lens, hq, hkv, mask), KvCache::Ragged, 132);
             (t.cta_q(), t.split_keys)
         };
         // The last 128-row tile of a causal seq-512 prefill sees every key while the 128 CTAs
