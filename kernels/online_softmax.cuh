@@ -25,7 +25,7 @@
 // reference back.
 constexpr float RESCALE_SLACK = 8.0f;
 
-template <int MMA_Q, typename P, bool SUM_BY_MMA>
+template <int MMA_Q, bool SUM_BY_MMA>
 struct OnlineSoftmax {
   // Base 2, per thread row, identical across a quad: the reference the row's p are taken against,
   // at most RESCALE_SLACK below the row's max so far (-inf until a key is seen).
@@ -242,8 +242,8 @@ __host__ __device__ constexpr int merge_scratch_floats() {
   return 32 * MMA_Q * (4 + 4 * VO_NT);
 }
 
-template <int NUM_WARPS, int MMA_Q, int VO_NT, typename P, bool SUM_BY_MMA>
-__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q, P, SUM_BY_MMA>& sm, float (&o)[MMA_Q][VO_NT][4],
+template <int NUM_WARPS, int MMA_Q, int VO_NT, bool SUM_BY_MMA>
+__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q, SUM_BY_MMA>& sm, float (&o)[MMA_Q][VO_NT][4],
                                                   float* scratch, int warp, int lane) {
   // Value i of a warp's state sits at scratch[(warp - 1) * STATE + i * 32 + lane]: lane-major, so
   // each access of a warp touches 32 consecutive words (no bank conflicts).

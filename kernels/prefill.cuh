@@ -93,7 +93,7 @@ constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
 // 176 B; window with ALiBi 88 B; NVRTC 13, session 7).
 constexpr bool SUM_BY_MMA = MMA_Q >= 2 && (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
                             (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
-using Softmax = OnlineSoftmax<MMA_Q, DTypeIn, SUM_BY_MMA>;
+using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
