@@ -164,7 +164,7 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
     }
     let rows = TileConfig::row_tiles(dims, problem.qk_accum, kv);
     let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
-    let slots = sm_count * ROW_TILE_CTAS_PER_SM;
+    let slots = sm_count * TileConfig::ROW_TILE_CTAS_PER_SM as usize;
     let mut best: Option<(u64, TileConfig)> = None;
     for tile in rows {
         let share = tile.cta_q() as f64 / widest;
@@ -191,7 +191,7 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
 /// `ctas_per_sm` of whose CTAs fit on each of `sm_count` SMs: every resident CTA for the
 /// key-split tile (decode: memory-bound, each CTA adds loads in flight), at most
-/// [`ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
+/// [`TileConfig::ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
 /// processor of its own at a fixed cost per key, which holds for two row-tile CTAs per SM (the
 /// measurements behind the costs); past that, co-resident CTAs share the SM's tensor cores, and a
 /// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
@@ -201,16 +201,10 @@ pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize
     let per_sm = if tile.split_keys {
         ctas_per_sm
     } else {
-        ctas_per_sm.min(ROW_TILE_CTAS_PER_SM as u32)
+        ctas_per_sm.min(TileConfig::ROW_TILE_CTAS_PER_SM)
     };
     sm_count * per_sm.max(1) as usize
 }
-
-/// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
-/// (`w4q2kv64`: 255 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
-/// KV split of the chosen tile is then planned with the loaded kernel's real occupancy, capped at
-/// this many CTAs per SM for a row tile ([`split_slots`]).
-const ROW_TILE_CTAS_PER_SM: usize = 2;
 
 /// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
 /// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle: H200, f16, D=128,
