@@ -435,13 +435,15 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
 // over one chunk of it when the plan splits the KV range.
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int4 work = p.work[blockIdx.x];  // (request, query tile, kv head, kv chunk)
+  // Two loads side by side: the item, and its request's span (what the indptrs hold for it).
+  const int4 work = p.work[2 * blockIdx.x];      // (request, query tile, kv head, kv chunk)
+  const int4 span = p.work[2 * blockIdx.x + 1];  // (qo start, qo len, kv start, kv len)
   const int request = work.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int qo_start = p.qo_indptr[request], kv_start = p.kv_indptr[request];
+  const int qo_start = span.x, kv_start = span.z;
   RequestMaskContext m;
-  m.qo_len = p.qo_indptr[request + 1] - qo_start;
-  m.kv_len = p.kv_indptr[request + 1] - kv_start;
+  m.qo_len = span.y;
+  m.kv_len = span.w;
   m.window_left = p.window_left;
   m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[request] : nullptr;
 

@@ -12,8 +12,12 @@
 use crate::codegen::{KvCache, TileConfig};
 use crate::problem::{AttentionProblem, Mask};
 
-/// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split).
-pub type WorkItem = [i32; 4];
+/// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
+/// then the request's span: first query token, query length, first key row, key length (what
+/// `qo_indptr` and `kv_indptr` hold for it). The kernel reads the two halves as two `int4`s,
+/// side by side, so its first loads do not wait for the request index (they read the indptrs
+/// after the item before).
+pub type WorkItem = [i32; 8];
 
 /// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
 /// share of the merge).
@@ -307,7 +311,8 @@ fn item_costs(
 ) -> Vec<(usize, WorkItem)> {
     let mut items: Vec<(usize, WorkItem)> = Vec::new();
     for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
-        let (_, qo_len, _, kv_len) = problem.batch.request(r);
+        let (qo_start, qo_len, kv_start, kv_len) = problem.batch.request(r);
+        let span = [qo_start, qo_len, kv_start, kv_len].map(|x| x as i32);
         let (lo, hi) = visible_range(&problem.mask, qo_len, kv_len, tok_lo, tok_hi);
         let chunks = split.map_or(1, |s| s.chunks(kv_len));
         for chunk in 0..chunks {
@@ -317,13 +322,24 @@ fn item_costs(
             };
             let cost = hi.min(c_hi).saturating_sub(lo.max(c_lo));
             for kv_head in 0..problem.num_kv_heads {
-                items.push((cost, [r as i32, tile as i32, kv_head as i32, chunk as i32]));
+                let [q0, ql, k0, kl] = span;
+                let item = [
+                    r as i32,
+                    tile as i32,
+                    kv_head as i32,
+                    chunk as i32,
+                    q0,
+                    ql,
+                    k0,
+                    kl,
+                ];
+                items.push((cost, item));
             }
         }
     }
     let section = l2_sections(problem, cta_q, items.len(), slots);
     let heads = problem.num_kv_heads;
-    items.sort_by_key(|&(cost, [r, tile, kv_head, chunk])| {
+    items.sort_by_key(|&(cost, [r, tile, kv_head, chunk, ..])| {
         let pair = r as usize * heads + kv_head as usize;
         (
             section[pair],
@@ -482,6 +498,9 @@ mod tests {
         for w in &work {
             assert!(seen.insert(*w), "duplicate {w:?}");
             assert_eq!(w[3], 0);
+            // The item carries its request's span, as the indptrs give it.
+            let (q0, ql, k0, kl) = p.batch.request(w[0] as usize);
+            assert_eq!(w[4..], [q0, ql, k0, kl].map(|x| x as i32), "{w:?}");
         }
         assert!(
             work.iter().all(|w| w[0] != 2),
