@@ -238,11 +238,12 @@ __device__ __forceinline__ void widen_f16(const FragAddrs& f, u32_t k_base, cons
     }
 }
 
-// Turns accumulators into logits in the softmax's units in place (variant_logit), then applies
-// the mask (-inf). `s` holds keys k0.. of NT n8 tiles.
-template <bool NEEDS_MASK, int NT>
-__device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
-                                       int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
+// Turns accumulators into logits in the softmax's units in place (variant_logit, through the
+// variant's small form when SMALL), then applies the mask (-inf). `s` holds keys k0.. of NT n8
+// tiles.
+template <bool NEEDS_MASK, bool SMALL, int NT>
+__device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
+                                          int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
@@ -253,8 +254,8 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
         int kv_idx = k0 + nt * 8 + 2 * (lane % 4) + (e % 2);
         int qo_idx = rows.token[mq][h];
         int qo_head = rows.head[mq][h];
-        float t = variant_logit<TRANSFORM_FROM_ACC>(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx, qo_head,
-                                                    kv_head, m.qo_len, m.kv_len);
+        float t = variant_logit<TRANSFORM_FROM_ACC, SMALL>(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx,
+                                                           qo_head, kv_head, m.qo_len, m.kv_len);
         if constexpr (NEEDS_MASK) {
           bool visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
           if constexpr (VARIANT_HAS_MASK) {
@@ -264,6 +265,27 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
         }
         s[mq][nt][e] = t;
       }
+}
+
+// logits_as, through the variant's small form where it has one and every accumulator of the
+// warp's sub-tile is within its limit (a NaN accumulator counts as within: both forms keep NaN).
+template <bool NEEDS_MASK, int NT>
+__device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
+                                       int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
+  if constexpr (VARIANT_HAS_SMALL_FORM) {
+    float largest = 0.0f;
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) largest = fmaxf(largest, fabsf(s[mq][nt][e]));
+    if (__all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant))) {
+      logits_as<NEEDS_MASK, true>(p, rows, m, kv_head, k0, lane, s);
+      return;
+    }
+  }
+  logits_as<NEEDS_MASK, false>(p, rows, m, kv_head, k0, lane, s);
 }
 
 // O += P V for this warp's rows over the NT * 8 keys of `P` (F32Logits or F16Logits after the
@@ -435,13 +457,15 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
 // over one chunk of it when the plan splits the KV range.
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int4 work = p.work[blockIdx.x];  // (request, query tile, kv head, kv chunk)
+  // Two loads side by side: the item, and its request's span (what the indptrs hold for it).
+  const int4 work = p.work[2 * blockIdx.x];      // (request, query tile, kv head, kv chunk)
+  const int4 span = p.work[2 * blockIdx.x + 1];  // (qo start, qo len, kv start, kv len)
   const int request = work.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int qo_start = p.qo_indptr[request], kv_start = p.kv_indptr[request];
+  const int qo_start = span.x, kv_start = span.z;
   RequestMaskContext m;
-  m.qo_len = p.qo_indptr[request + 1] - qo_start;
-  m.kv_len = p.kv_indptr[request + 1] - kv_start;
+  m.qo_len = span.y;
+  m.kv_len = span.w;
   m.window_left = p.window_left;
   m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[request] : nullptr;
 

@@ -12,12 +12,20 @@
 //   bool  logits_mask(const VariantParams& params, int qo_idx, int kv_idx, int qo_head,
 //                     int kv_head, int qo_len, int kv_len);
 //   float sink_logit(const VariantParams& params, int qo_head);
+//   constexpr bool VARIANT_HAS_SMALL_FORM;
+//   float small_form_acc_limit(const VariantParams& params);
+//   float logits_transform_small(...), logits_transform_small_from_acc(...);  // as the two above
 // `s` is always the scaled logit as a float (sm_scale * q.k), whatever the QK accumulation type:
 // kernels widen an f16 accumulator exactly before the call, so a variant never meets a half.
 // `logits_transform_from_acc` is the same function of `s = post_scale * acc` taken from the
 // widened accumulator, with post_scale folded into the variant's own (host-computed) parameters,
 // which saves one multiplication per logit. Only built-ins provide one
 // (VARIANT_TRANSFORM_FROM_ACC); a custom variant's transform always sees `s`.
+// A built-in may also have a cheaper form of its transform that holds while the accumulator is
+// small (VARIANT_HAS_SMALL_FORM: the soft-cap's polynomial, for |s| <= cap / 2): the same function
+// within the transform's own error bound wherever |acc| <= small_form_acc_limit(params). Kernels
+// take it for a whole sub-tile when every accumulator of the warp is within the limit (a
+// warp-uniform choice), and the full form otherwise; a custom variant never has one.
 // Indices are local to the request (0 <= qo_idx < qo_len, 0 <= kv_idx < kv_len).
 // This file turns the hooks into the logits the fast kernels' online softmax works with
 // (variant_logit) and into the plain natural logits and visibility the reference kernel uses
@@ -29,13 +37,18 @@
 // acc) (softmax scale LOG2E), through the variant's accumulator form where it has one and the
 // kernel asks for it (FROM_ACC); without one: the raw accumulator (softmax scale
 // post_scale * LOG2E).
-template <bool FROM_ACC>
+// SMALL: through the variant's small form, which the caller has checked holds for `acc`.
+template <bool FROM_ACC, bool SMALL>
 __device__ __forceinline__ float variant_logit(const VariantParams& params, float acc, float post_scale, int qo_idx,
                                                int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len) {
+  static_assert(!SMALL || VARIANT_HAS_SMALL_FORM, "the small form of a variant that has one");
   if constexpr (FROM_ACC && VARIANT_TRANSFORM_FROM_ACC) {
-    return logits_transform_from_acc(params, acc, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+    return SMALL ? logits_transform_small_from_acc(params, acc, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len)
+                 : logits_transform_from_acc(params, acc, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
-    return logits_transform(params, acc * post_scale, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
+    const float s = acc * post_scale;
+    return SMALL ? logits_transform_small(params, s, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len)
+                 : logits_transform(params, s, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len);
   } else {
     return acc;
   }

@@ -78,7 +78,8 @@ kernel_params! {
         qo_indptr: u64 => "const int*",
         /// KV indptr (`batch + 1`).
         kv_indptr: u64 => "const int*",
-        /// Work items: (request, query tile, kv head, 0) per CTA.
+        /// Work items, two `int4` per CTA: (request, query tile, kv head, kv chunk), then the
+        /// request's (first query token, query length, first key row, key length).
         work: u64 => "const int4*",
         /// Packed custom mask or null.
         custom_mask: u64 => "const unsigned char*",

@@ -144,7 +144,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, MERGE_MATH);
     template(&mut out, MERGE_STATE);
     let merge_entry = format!("{name}_merge");
-    let bounds = prefill_launch_bounds(smem_bytes);
+    let bounds = prefill_launch_bounds(smem_bytes, spec.tile);
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
         out,
@@ -171,20 +171,28 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
 }
 
 /// The prefill kernel's `__launch_bounds__`, per target (a preprocessor choice on
-/// `__CUDA_ARCH__`, since one source is compiled for every architecture): where shared memory
-/// allows at most two resident CTAs per SM, that many is declared as the minimum, which lets
-/// ptxas use every register those CTAs can have. Without it ptxas caps some kernels at 168 or 128
-/// registers for an occupancy the shared memory rules out, and spills (the 64-row D=128 tile:
-/// 168 registers and 8 bytes of spills against 192 registers and none). Where shared memory
-/// allows three or more CTAs, ptxas's own choice stands.
-fn prefill_launch_bounds(smem_bytes: u32) -> String {
+/// `__CUDA_ARCH__`, since one source is compiled for every architecture): the minimum of resident
+/// CTAs per SM it declares lets ptxas use every register those CTAs can have, and keeps its
+/// register target from moving with unrelated code. A row tile declares
+/// [`TileConfig::ROW_TILE_CTAS_PER_SM`] (what the planner assumes), or fewer where shared memory
+/// allows fewer: left to its own guess, ptxas gave the D=64 128-row tile, whose 48 KB of shared
+/// memory allow four CTAs per SM, 215 registers on main and 170 after an unrelated change of the
+/// work items (H200, session 10: -8% at D=64), and capped the 64-row D=128 tile at 168 registers
+/// with 8 bytes of spills (192 and none with the bound). The key-split tile (decode: bound by
+/// memory, every resident CTA adds loads in flight) declares a minimum only where shared memory
+/// allows at most two CTAs; otherwise ptxas's own choice stands.
+fn prefill_launch_bounds(smem_bytes: u32, tile: TileConfig) -> String {
     let mut out = String::new();
     for (i, arch) in Arch::ALL.into_iter().rev().enumerate() {
-        let ctas = arch.ctas_per_sm_by_shared_memory(smem_bytes);
-        let bounds = if ctas <= 2 {
-            format!("__launch_bounds__(prefill::NUM_THREADS, {ctas})")
+        let by_smem = arch.ctas_per_sm_by_shared_memory(smem_bytes);
+        let min_ctas = if tile.split_keys {
+            (by_smem <= 2).then_some(by_smem)
         } else {
-            "__launch_bounds__(prefill::NUM_THREADS)".to_string()
+            Some(by_smem.min(TileConfig::ROW_TILE_CTAS_PER_SM))
+        };
+        let bounds = match min_ctas {
+            Some(ctas) => format!("__launch_bounds__(prefill::NUM_THREADS, {ctas})"),
+            None => "__launch_bounds__(prefill::NUM_THREADS)".to_string(),
         };
         let keyword = if i == 0 { "#if" } else { "#elif" };
         let _ = writeln!(

@@ -153,6 +153,11 @@ impl TileConfig {
         }
     }
 
+    /// Resident CTAs per SM that every row tile is built for (its `__launch_bounds__` minimum,
+    /// where shared memory allows as many) and that the planner assumes (`cuda::choose_tile`,
+    /// `cuda::split_slots`): past two, co-resident CTAs share the SM's tensor cores.
+    pub const ROW_TILE_CTAS_PER_SM: u32 = 2;
+
     /// Bytes of register spills (stores or loads, as ptxas reports them) a prefill kernel is
     /// declared to allow; `attnforge compile` fails any kernel above it.
     ///

@@ -21,6 +21,30 @@ const SOFTCAP_TRANSFORM: &str =
 /// multiplication by `post_scale` on every logit.
 const SOFTCAP_TRANSFORM_FROM_ACC: &str =
     "return softcap_tanh(acc, params.soft_cap, params.softcap_acc_exp2_scale);";
+/// The soft-cap's form for small logits (`odd_poly7` is in common.cuh): `cap tanh(s / cap)` for
+/// `|s| <= cap / 2` as `s P((s / cap)^2)`, the cubic `P` of [`SOFTCAP_SMALL_POLY`] with its
+/// coefficients scaled on the host ([`param_values`]): 5 FMA-pipe instructions per logit against
+/// the full form's 10 and one MUFU.
+const SOFTCAP_SMALL_TRANSFORM: &str = "return odd_poly7(s, 1.0f, params.softcap_small_c1, \
+     params.softcap_small_c2, params.softcap_small_c3);";
+/// The same of `s = post_scale * acc` from the accumulator: `post_scale` folded into the
+/// coefficients, `acc * (post_scale P((post_scale acc / cap)^2))`.
+const SOFTCAP_SMALL_TRANSFORM_FROM_ACC: &str =
+    "return odd_poly7(acc, params.softcap_small_acc_c0, \
+     params.softcap_small_acc_c1, params.softcap_small_acc_c2, params.softcap_small_acc_c3);";
+/// The accumulators the soft-cap's small form holds for: `|acc| <= softcap_small_acc_limit`, that
+/// is `|s| <= cap / 2`.
+const SOFTCAP_SMALL_LIMIT: &str = "return params.softcap_small_acc_limit;";
+
+/// `tanh(x) / x` on `|x| <= SOFTCAP_SMALL_X` as `1 + c1 x^2 + c2 x^4 + c3 x^6`: the coefficients
+/// `c1, c2, c3`, fitted offline (minimax of the absolute error of `x P(x^2)` against `tanh x`, by
+/// iteratively reweighted least squares). Its own error is 1.9e-7; evaluated in f32 with FMA as
+/// the kernel does, the soft-cap's error stays below 2.3e-7 * cap (the test below; the full form's
+/// bound is 2.7e-7 * cap).
+pub const SOFTCAP_SMALL_POLY: [f64; 3] = [-0.33326461, 0.13185866, -0.04422941];
+/// The largest `|s| / cap` the small form covers.
+pub const SOFTCAP_SMALL_X: f64 = 0.5;
+
 /// Body of the ALiBi transform: the key's distance to the query's position, times the slope.
 const ALIBI_TRANSFORM: &str =
     "return s + params.alibi_slopes[qo_head] * static_cast<float>(kv_idx - (qo_idx + kv_len - qo_len));";
@@ -35,6 +59,8 @@ pub struct VariantCode {
     /// A built-in's body of the same transform computed from the raw accumulator (`post_scale`
     /// folded into its parameters), if it has one; custom variants never do.
     pub transform_from_acc: Option<String>,
+    /// A built-in's cheaper form of the transform for small accumulators, if it has one.
+    pub small: Option<SmallForm>,
     /// Mask body, if any.
     pub mask: Option<String>,
     /// Sink body, if any.
@@ -43,6 +69,19 @@ pub struct VariantCode {
     pub params: Vec<(String, ParamType)>,
     /// Label for `#line` directives and error messages (`custom` or the built-in's name).
     pub origin: String,
+}
+
+/// A built-in's form of its transform that holds, within the transform's own error bound, while
+/// `|acc| <= limit` (kernels/variant.cuh): the bodies of `logits_transform_small`,
+/// `logits_transform_small_from_acc` and `small_form_acc_limit`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SmallForm {
+    /// Of the scaled logit `s`, as `logits_transform`.
+    pub transform: String,
+    /// Of the accumulator, as `logits_transform_from_acc`.
+    pub transform_from_acc: String,
+    /// Returns the limit on `|acc|`.
+    pub acc_limit: String,
 }
 
 impl VariantCode {
@@ -54,6 +93,7 @@ impl VariantCode {
                        params: &[(&str, ParamType)]| VariantCode {
             transform: transform.map(str::to_string),
             transform_from_acc: transform_from_acc.map(str::to_string),
+            small: None,
             mask: None,
             sink: sink.map(str::to_string),
             params: params.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
@@ -61,16 +101,31 @@ impl VariantCode {
         };
         match spec {
             VariantSpec::None => builtin(None, None, None, &[]),
-            VariantSpec::SoftCap => builtin(
-                Some(SOFTCAP_TRANSFORM),
-                Some(SOFTCAP_TRANSFORM_FROM_ACC),
-                None,
-                &[
-                    ("soft_cap", ParamType::F32),
-                    ("softcap_exp2_scale", ParamType::F32),
-                    ("softcap_acc_exp2_scale", ParamType::F32),
-                ],
-            ),
+            VariantSpec::SoftCap => VariantCode {
+                small: Some(SmallForm {
+                    transform: SOFTCAP_SMALL_TRANSFORM.to_string(),
+                    transform_from_acc: SOFTCAP_SMALL_TRANSFORM_FROM_ACC.to_string(),
+                    acc_limit: SOFTCAP_SMALL_LIMIT.to_string(),
+                }),
+                ..builtin(
+                    Some(SOFTCAP_TRANSFORM),
+                    Some(SOFTCAP_TRANSFORM_FROM_ACC),
+                    None,
+                    &[
+                        ("soft_cap", ParamType::F32),
+                        ("softcap_exp2_scale", ParamType::F32),
+                        ("softcap_acc_exp2_scale", ParamType::F32),
+                        ("softcap_small_c1", ParamType::F32),
+                        ("softcap_small_c2", ParamType::F32),
+                        ("softcap_small_c3", ParamType::F32),
+                        ("softcap_small_acc_c0", ParamType::F32),
+                        ("softcap_small_acc_c1", ParamType::F32),
+                        ("softcap_small_acc_c2", ParamType::F32),
+                        ("softcap_small_acc_c3", ParamType::F32),
+                        ("softcap_small_acc_limit", ParamType::F32),
+                    ],
+                )
+            },
             VariantSpec::Alibi => builtin(
                 Some(ALIBI_TRANSFORM),
                 None,
@@ -92,6 +147,7 @@ fn custom(source: &CudaVariantSource) -> VariantCode {
     VariantCode {
         transform: Some(source.transform_body.clone()),
         transform_from_acc: None,
+        small: None,
         mask: source.mask_body.clone(),
         sink: None,
         params: source.params.clone(),
@@ -105,11 +161,18 @@ fn custom(source: &CudaVariantSource) -> VariantCode {
 pub fn param_values(variant: &Variant, post_scale: f32) -> Vec<ParamValue> {
     match variant {
         Variant::None => Vec::new(),
-        Variant::SoftCap { cap } => vec![
-            ParamValue::F32(*cap),
-            ParamValue::F32(softcap_exp2_scale(*cap, 1.0)),
-            ParamValue::F32(softcap_exp2_scale(*cap, post_scale)),
-        ],
+        Variant::SoftCap { cap } => {
+            let mut values = vec![
+                ParamValue::F32(*cap),
+                ParamValue::F32(softcap_exp2_scale(*cap, 1.0)),
+                ParamValue::F32(softcap_exp2_scale(*cap, post_scale)),
+            ];
+            let small = SoftCapSmall::new(*cap, post_scale);
+            values.extend(small.s_coeffs.map(ParamValue::F32));
+            values.extend(small.acc_coeffs.map(ParamValue::F32));
+            values.push(ParamValue::F32(small.acc_limit));
+            values
+        }
         Variant::Alibi { slopes } => vec![ParamValue::F32Array(slopes.clone())],
         Variant::Sinks { sinks } => vec![ParamValue::F32Array(sinks.clone())],
         Variant::Custom(c) => c.param_values.clone(),
@@ -121,6 +184,45 @@ pub fn param_values(variant: &Variant, post_scale: f32) -> Vec<ParamValue> {
 /// the scaled logit, `post_scale` for the accumulator.
 fn softcap_exp2_scale(cap: f32, factor: f32) -> f32 {
     (-2.0 * std::f64::consts::LOG2_E * f64::from(factor) / f64::from(cap)) as f32
+}
+
+/// The soft-cap's small-form parameters for `cap` and `post_scale`, each rounded once from f64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftCapSmall {
+    /// `c_k / cap^(2k)`, k = 1..3: the polynomial in `s` (its constant term is 1).
+    pub s_coeffs: [f32; 3],
+    /// `post_scale`, then `post_scale c_k (post_scale / cap)^(2k)`: the polynomial in `acc`.
+    pub acc_coeffs: [f32; 4],
+    /// The largest `|acc|` the small form is taken for: `SOFTCAP_SMALL_X cap / post_scale`,
+    /// rounded down.
+    pub acc_limit: f32,
+}
+
+impl SoftCapSmall {
+    /// The parameters for `cap > 0` and `post_scale > 0`.
+    pub fn new(cap: f32, post_scale: f32) -> SoftCapSmall {
+        let (cap, ps) = (f64::from(cap), f64::from(post_scale));
+        let [c1, c2, c3] = SOFTCAP_SMALL_POLY;
+        let s_coeffs = [c1 / cap.powi(2), c2 / cap.powi(4), c3 / cap.powi(6)].map(|c| c as f32);
+        let r = ps / cap;
+        let acc_coeffs = [
+            ps,
+            ps * c1 * r.powi(2),
+            ps * c2 * r.powi(4),
+            ps * c3 * r.powi(6),
+        ]
+        .map(|c| c as f32);
+        let limit = SOFTCAP_SMALL_X * cap / ps;
+        let mut acc_limit = limit as f32;
+        if f64::from(acc_limit) > limit {
+            acc_limit = f32::from_bits(acc_limit.to_bits() - 1);
+        }
+        SoftCapSmall {
+            s_coeffs,
+            acc_coeffs,
+            acc_limit,
+        }
+    }
 }
 
 /// Appends one hook: signature, `#line` so errors name the snippet, body, closing brace, and a
@@ -157,16 +259,24 @@ const TRANSFORM_FROM_ACC_SIGNATURE: &str =
 const MASK_SIGNATURE: &str =
     "bool logits_mask(const VariantParams& params, int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len)";
 const SINK_SIGNATURE: &str = "float sink_logit(const VariantParams& params, int qo_head)";
+const SMALL_TRANSFORM_SIGNATURE: &str =
+    "float logits_transform_small(const VariantParams& params, float s, int qo_idx, int kv_idx, \
+                                   int qo_head, int kv_head, int qo_len, int kv_len)";
+const SMALL_TRANSFORM_FROM_ACC_SIGNATURE: &str =
+    "float logits_transform_small_from_acc(const VariantParams& params, float acc, int qo_idx, \
+                                   int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len)";
+const SMALL_LIMIT_SIGNATURE: &str = "float small_form_acc_limit(const VariantParams& params)";
 
 /// Renders the variant block onto `out` (which already holds `out.lines().count()` lines of the
 /// file named `file`), recording where each snippet lands.
 pub fn render(code: &VariantCode, out: &mut String, spans: &mut Vec<SnippetSpan>, file: &str) {
     let _ = writeln!(
         out,
-        "// Variant: {}\nconstexpr bool VARIANT_HAS_TRANSFORM = {};\nconstexpr bool VARIANT_TRANSFORM_FROM_ACC = {};\nconstexpr bool VARIANT_HAS_MASK = {};\nconstexpr bool VARIANT_HAS_SINK = {};",
+        "// Variant: {}\nconstexpr bool VARIANT_HAS_TRANSFORM = {};\nconstexpr bool VARIANT_TRANSFORM_FROM_ACC = {};\nconstexpr bool VARIANT_HAS_SMALL_FORM = {};\nconstexpr bool VARIANT_HAS_MASK = {};\nconstexpr bool VARIANT_HAS_SINK = {};",
         code.origin,
         code.transform.is_some(),
         code.transform_from_acc.is_some(),
+        code.small.is_some(),
         code.mask.is_some(),
         code.sink.is_some()
     );
@@ -187,6 +297,31 @@ pub fn render(code: &VariantCode, out: &mut String, spans: &mut Vec<SnippetSpan>
         label("logits_transform_from_acc"),
         TRANSFORM_FROM_ACC_SIGNATURE,
         code.transform_from_acc.as_deref().unwrap_or("return acc;"),
+        file,
+    );
+    let small = code.small.as_ref();
+    hook(
+        out,
+        spans,
+        label("logits_transform_small"),
+        SMALL_TRANSFORM_SIGNATURE,
+        small.map_or("return s;", |f| &f.transform),
+        file,
+    );
+    hook(
+        out,
+        spans,
+        label("logits_transform_small_from_acc"),
+        SMALL_TRANSFORM_FROM_ACC_SIGNATURE,
+        small.map_or("return acc;", |f| &f.transform_from_acc),
+        file,
+    );
+    hook(
+        out,
+        spans,
+        label("small_form_acc_limit"),
+        SMALL_LIMIT_SIGNATURE,
+        small.map_or("return 0.0f;", |f| &f.acc_limit),
         file,
     );
     hook(
@@ -218,7 +353,7 @@ mod tests {
         let cap = 30.0f32;
         let post_scale = 0.088388346f32; // 1 / sqrt(128)
         let values = param_values(&Variant::SoftCap { cap }, post_scale);
-        let [ParamValue::F32(c), ParamValue::F32(logit_scale), ParamValue::F32(acc_scale)] =
+        let [ParamValue::F32(c), ParamValue::F32(logit_scale), ParamValue::F32(acc_scale), ..] =
             values[..]
         else {
             panic!("soft-cap parameters: {values:?}");
@@ -241,5 +376,54 @@ mod tests {
             VariantCode::of(&VariantSpec::SoftCap).params.len(),
             values.len()
         );
+    }
+
+    /// The kernel's `odd_poly7`, operation for operation (FFMA is a fused multiply-add, FMUL a
+    /// rounded product).
+    fn odd_poly7(x: f32, c: [f32; 4]) -> f32 {
+        let t = x * x;
+        x * c[3].mul_add(t, c[2]).mul_add(t, c[1]).mul_add(t, c[0])
+    }
+
+    /// The small form agrees with `cap tanh(s / cap)` within 2.3e-7 * cap wherever the kernel
+    /// takes it (`|acc| <= acc_limit`), from the logit and from the accumulator, on a dense grid
+    /// for several caps and post-scales; and the limit stays within `|s| <= cap / 2`.
+    #[test]
+    fn soft_cap_small_form_is_within_its_bound() {
+        for (cap, post_scale) in [
+            (50.0f32, 0.088388346f32),
+            (30.0, 0.125),
+            (2.0, 0.0625),
+            (0.05, 1.0),
+        ] {
+            let small = SoftCapSmall::new(cap, post_scale);
+            let [c1, c2, c3] = small.s_coeffs;
+            let limit = small.acc_limit;
+            assert!(
+                f64::from(limit) * f64::from(post_scale)
+                    <= SOFTCAP_SMALL_X * f64::from(cap) * (1.0 + 1e-6)
+            );
+            let bound = 2.3e-7 * f64::from(cap);
+            let steps = 200_000;
+            for i in -steps..=steps {
+                let acc = limit * i as f32 / steps as f32;
+                let s = acc * post_scale;
+                let exact = f64::from(cap) * (f64::from(s) / f64::from(cap)).tanh();
+                let via_s = odd_poly7(s, [1.0, c1, c2, c3]);
+                assert!(
+                    (f64::from(via_s) - exact).abs() <= bound,
+                    "cap {cap}, s {s}: {via_s} vs {exact}"
+                );
+                // From the accumulator: the same function of acc (whose s is exact up to rounding).
+                let exact_acc = f64::from(cap)
+                    * (f64::from(acc) * f64::from(post_scale) / f64::from(cap)).tanh();
+                let via_acc = odd_poly7(acc, small.acc_coeffs);
+                assert!(
+                    (f64::from(via_acc) - exact_acc).abs() <= bound,
+                    "cap {cap}, acc {acc}: {via_acc} vs {exact_acc}"
+                );
+            }
+            assert!(odd_poly7(f32::NAN, [1.0, c1, c2, c3]).is_nan());
+        }
     }
 }

@@ -130,10 +130,16 @@ impl KernelPlan {
         );
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
-        let work: Vec<i32> = prefill_work(problem, cta_q, split.as_ref(), slots)
-            .into_iter()
-            .flatten()
-            .collect();
+        let items = prefill_work(problem, cta_q, split.as_ref(), slots);
+        let num_work = u32::try_from(items.len())
+            .ok()
+            .filter(|&n| n <= i32::MAX as u32)
+            .ok_or_else(|| Error::Unsupported {
+                backend: "the CUDA backend",
+                what: format!("a launch of {} CTAs", items.len()),
+                supported: format!("at most {} CTAs per launch (the grid's x limit)", i32::MAX),
+            })?;
+        let work: Vec<i32> = items.into_iter().flatten().collect();
         let workspace = match &split {
             Some(s) => {
                 let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
@@ -154,7 +160,7 @@ impl KernelPlan {
             spec,
             kernel,
             layout: rendered.params,
-            num_work: (work.len() / 4) as u32,
+            num_work,
             split,
             workspace,
             work: upload(engine, &work, "work list")?,

@@ -12,8 +12,12 @@
 use crate::codegen::{KvCache, TileConfig};
 use crate::problem::{AttentionProblem, Mask};
 
-/// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split).
-pub type WorkItem = [i32; 4];
+/// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
+/// then the request's span: first query token, query length, first key row, key length (what
+/// `qo_indptr` and `kv_indptr` hold for it). The kernel reads the two halves as two `int4`s,
+/// side by side, so its first loads do not wait for the request index (they read the indptrs
+/// after the item before).
+pub type WorkItem = [i32; 8];
 
 /// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
 /// share of the merge).
@@ -164,7 +168,7 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
     }
     let rows = TileConfig::row_tiles(dims, problem.qk_accum, kv);
     let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
-    let slots = sm_count * ROW_TILE_CTAS_PER_SM;
+    let slots = sm_count * TileConfig::ROW_TILE_CTAS_PER_SM as usize;
     let mut best: Option<(u64, TileConfig)> = None;
     for tile in rows {
         let share = tile.cta_q() as f64 / widest;
@@ -191,7 +195,7 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
 /// `ctas_per_sm` of whose CTAs fit on each of `sm_count` SMs: every resident CTA for the
 /// key-split tile (decode: memory-bound, each CTA adds loads in flight), at most
-/// [`ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
+/// [`TileConfig::ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
 /// processor of its own at a fixed cost per key, which holds for two row-tile CTAs per SM (the
 /// measurements behind the costs); past that, co-resident CTAs share the SM's tensor cores, and a
 /// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
@@ -201,16 +205,10 @@ pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize
     let per_sm = if tile.split_keys {
         ctas_per_sm
     } else {
-        ctas_per_sm.min(ROW_TILE_CTAS_PER_SM as u32)
+        ctas_per_sm.min(TileConfig::ROW_TILE_CTAS_PER_SM)
     };
     sm_count * per_sm.max(1) as usize
 }
-
-/// Resident CTAs per SM that [`choose_tile`] assumes for every row tile: 2 for the D=128 tiles
-/// (`w4q2kv64`: 255 registers; `w4q1kv64`: 172 registers and 80 KB of shared memory). The
-/// KV split of the chosen tile is then planned with the loaded kernel's real occupancy, capped at
-/// this many CTAs per SM for a row tile ([`split_slots`]).
-const ROW_TILE_CTAS_PER_SM: usize = 2;
 
 /// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
 /// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle: H200, f16, D=128,
@@ -313,7 +311,8 @@ fn item_costs(
 ) -> Vec<(usize, WorkItem)> {
     let mut items: Vec<(usize, WorkItem)> = Vec::new();
     for (r, tile, tok_lo, tok_hi) in query_tiles(problem, cta_q) {
-        let (_, qo_len, _, kv_len) = problem.batch.request(r);
+        let (qo_start, qo_len, kv_start, kv_len) = problem.batch.request(r);
+        let span = [qo_start, qo_len, kv_start, kv_len].map(|x| x as i32);
         let (lo, hi) = visible_range(&problem.mask, qo_len, kv_len, tok_lo, tok_hi);
         let chunks = split.map_or(1, |s| s.chunks(kv_len));
         for chunk in 0..chunks {
@@ -323,13 +322,24 @@ fn item_costs(
             };
             let cost = hi.min(c_hi).saturating_sub(lo.max(c_lo));
             for kv_head in 0..problem.num_kv_heads {
-                items.push((cost, [r as i32, tile as i32, kv_head as i32, chunk as i32]));
+                let [q0, ql, k0, kl] = span;
+                let item = [
+                    r as i32,
+                    tile as i32,
+                    kv_head as i32,
+                    chunk as i32,
+                    q0,
+                    ql,
+                    k0,
+                    kl,
+                ];
+                items.push((cost, item));
             }
         }
     }
     let section = l2_sections(problem, cta_q, items.len(), slots);
     let heads = problem.num_kv_heads;
-    items.sort_by_key(|&(cost, [r, tile, kv_head, chunk])| {
+    items.sort_by_key(|&(cost, [r, tile, kv_head, chunk, ..])| {
         let pair = r as usize * heads + kv_head as usize;
         (
             section[pair],
@@ -488,6 +498,9 @@ mod tests {
         for w in &work {
             assert!(seen.insert(*w), "duplicate {w:?}");
             assert_eq!(w[3], 0);
+            // The item carries its request's span, as the indptrs give it.
+            let (q0, ql, k0, kl) = p.batch.request(w[0] as usize);
+            assert_eq!(w[4..], [q0, ql, k0, kl].map(|x| x as i32), "{w:?}");
         }
         assert!(
             work.iter().all(|w| w[0] != 2),
