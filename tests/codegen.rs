@@ -47,6 +47,13 @@ fn built_in_variants_render_their_hooks() {
     assert!(softcap.contains("constexpr bool VARIANT_TRANSFORM_FROM_ACC = true;"));
     assert!(softcap.contains("softcap_tanh(acc, params.soft_cap, params.softcap_acc_exp2_scale)"));
     assert!(none.contains("constexpr bool VARIANT_TRANSFORM_FROM_ACC = false;"));
+    // Its small form (|s| <= cap / 2): a polynomial from the logit and from the accumulator, and
+    // the accumulator limit; no other variant has one.
+    assert!(softcap.contains("constexpr bool VARIANT_HAS_SMALL_FORM = true;"));
+    assert!(softcap.contains("return odd_poly7(s, 1.0f, params.softcap_small_c1,"));
+    assert!(softcap.contains("return odd_poly7(acc, params.softcap_small_acc_c0,"));
+    assert!(softcap.contains("return params.softcap_small_acc_limit;"));
+    assert!(none.contains("constexpr bool VARIANT_HAS_SMALL_FORM = false;"));
 
     let alibi = with_variant(VariantSpec::Alibi);
     assert!(alibi.contains("const float* alibi_slopes;"));
@@ -61,6 +68,7 @@ fn built_in_variants_render_their_hooks() {
     // reaching a variant impossible.
     for src in [&none, &softcap, &alibi, &sinks] {
         assert!(src.contains("float logits_transform(const VariantParams& params, float s,"));
+        assert!(src.contains("float logits_transform_small(const VariantParams& params, float s,"));
         assert!(
             !src.contains("#include"),
             "generated kernels include no toolkit header"
