@@ -168,7 +168,10 @@ impl TileConfig {
     /// cores (4 more registers through the loop), and are faster all the same; the kernels that
     /// also carry a window or custom mask went past this budget with them and keep f32 row sums.
     /// The 32-key sub-tile would remove most spills, but costs 3% (soft-cap) to 11% (f16 QK) on
-    /// the H200. The budget keeps the rest visible and bounded; removing them is tracked in
+    /// the H200. Session 11 (same matrix, after the launch bounds, the work spans and the
+    /// soft-cap's small form): 165 spill, all D=128 `w4q2kv64` (88 for sm_90a, 77 for sm_80), at
+    /// most 84 bytes of stores; the f32-QK custom-mask kernels reload 128 bytes, at the budget.
+    /// The budget keeps the rest visible and bounded; removing them is tracked in
     /// `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
