@@ -90,3 +90,77 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+
+// ---- Warpgroup MMA (sm_90a only; kernels call these only when the spec's tile asks for wgmma) ----
+//
+// `wgmma.mma_async.m64n64k16`: the four warps of a warpgroup compute a 64x64 product together,
+// warp w holding rows 16w..16w+15 of it. The accumulator of one thread is 8 n8 tiles of 4 floats
+// in the mma.m16n8 C layout above (c[nt][0..1] row g, c[nt][2..3] row g + 8, columns 8 nt + 2t..),
+// and an A operand taken from registers is the m16n8k16 A fragment of the warp's 16 rows: the
+// same fragments as the mma.sync path, so the softmax code is shared. B (and A, when it comes
+// from shared memory) is read through a matrix descriptor of a tile in the 128-byte swizzled
+// layout: rows of 128 bytes, 16-byte chunk c of row r at position c ^ (r % 8), the 8-row groups
+// 1024 bytes apart and 1024-byte aligned (SmemTile's layout for 64-element rows).
+
+// The descriptor of a 128-byte swizzled operand at shared address `addr`: 8-row groups
+// `group_bytes` apart (the stride byte offset), and `lead_bytes` between 64-element blocks of
+// an N-major operand (the leading byte offset; unused for K-major swizzled operands).
+__device__ __forceinline__ u64_t wgmma_desc_sw128(u32_t addr, u32_t lead_bytes, u32_t group_bytes) {
+  return static_cast<u64_t>((addr & 0x3ffffu) >> 4) | (static_cast<u64_t>(lead_bytes >> 4) << 16) |
+         (static_cast<u64_t>(group_bytes >> 4) << 32) | (1ull << 62);
+}
+
+// Orders this thread's earlier register writes before the next wgmma reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most N committed groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+#define AF_WGMMA_D4(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define AF_WGMMA_D32(d)                                                                                 \
+  AF_WGMMA_D4(d, 0), AF_WGMMA_D4(d, 1), AF_WGMMA_D4(d, 2), AF_WGMMA_D4(d, 3), AF_WGMMA_D4(d, 4), \
+      AF_WGMMA_D4(d, 5), AF_WGMMA_D4(d, 6), AF_WGMMA_D4(d, 7)
+#define AF_WGMMA_D32_TEXT                                                                               \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+  "%27,%28,%29,%30,%31}"
+
+// d (+)= A B, m64n64k16, f32 accumulators, A and B (K-major) from shared memory; `accumulate`
+// false overwrites d.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], u64_t a_desc, u64_t b_desc, bool accumulate);
+// d += A B, m64n64k16, f32 accumulators, A from registers, B N-major (rows of K) from shared memory.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[8][4], const u32_t (&a)[4], u64_t b_desc);
+
+#define AF_WGMMA_SPECIALISE(T, PTX_T)                                                                         \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_m64n64k16_ss<T>(float (&d)[8][4], u64_t a_desc, u64_t b_desc,         \
+                                                        bool accumulate) {                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" PTX_T PTX_T " " AF_WGMMA_D32_TEXT              \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}"                                                              \
+                 : AF_WGMMA_D32(d)                                                                            \
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));                             \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor<T>(float (&d)[8][4], const u32_t (&a)[4],         \
+                                                               u64_t b_desc) {                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" PTX_T PTX_T " " AF_WGMMA_D32_TEXT              \
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}"                                                   \
+                 : AF_WGMMA_D32(d)                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));                          \
+  }
+AF_WGMMA_SPECIALISE(f16_t, ".f16")
+AF_WGMMA_SPECIALISE(bf16_t, ".bf16")
+#undef AF_WGMMA_SPECIALISE
+
+// Makes this thread's earlier shared-memory writes (cp.async copies it has waited for included)
+// visible to the async proxy, in which wgmma reads its shared-memory operands; a barrier then
+// publishes them to the other threads' wgmma.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}

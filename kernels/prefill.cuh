@@ -39,6 +39,19 @@ constexpr int KV_TILE = spec::KV_TILE;  // keys loaded per barrier
 constexpr int KV_SUB = spec::KV_SUB;    // keys computed at a time (S registers)
 constexpr int KV_STAGES = spec::KV_STAGES;  // K/V buffers: 2, or 1 (SINGLE_BUFFER)
 constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
+// Warpgroup MMA (sm_90a): the CTA's four warps are one warpgroup, S = Q K^T and O += P V are
+// wgmma.m64n64k16 (mma.cuh) over the 128-byte swizzled tiles, and warp w holds rows 16w.. of
+// each m64 tile (cta_row). The softmax, masks and variants see the same fragments as with
+// mma.sync. For now: rows of 64 elements (the tiles' swizzle is then wgmma's own) and f32 QK.
+constexpr bool WGMMA = spec::WGMMA;
+
+// Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
+// landed rows visible to its async proxy (the barrier that follows publishes them CTA-wide).
+template <int N>
+__device__ __forceinline__ void wait_copies() {
+  cp_async_wait<N>();
+  if constexpr (WGMMA) fence_proxy_async_shared();
+}
 constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
 constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
 constexpr int KV_NT = KV_SUB / 8;                  // n8 tiles of S per m16 tile
@@ -54,11 +67,18 @@ constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
 // each thread's K and V base pointers (PagedKvThread).
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
 constexpr int KV_BASES_BYTES = spec::KV_PAGED ? NUM_THREADS * 16 : 0;
-constexpr int SMEM_BYTES = Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES;
+// wgmma's swizzle is a function of the shared address, so its tiles start 1024-byte aligned: the
+// kernel rounds its base up, within this much slack.
+constexpr int SMEM_ALIGN_SLACK = WGMMA ? 1024 : 0;
+constexpr int SMEM_BYTES =
+    Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES + SMEM_ALIGN_SLACK;
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
+static_assert(!WGMMA || (NUM_WARPS == 4 && !WARPS_SPLIT_KEYS && KV_SUB == 64 && !spec::QK_F16_ACCUM &&
+                         QK_CHUNKS == 8 && VO_CHUNKS == 8),
+              "wgmma tiles: one warpgroup of row warps, 64-key sub-tiles, f32 QK, head dim 64");
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
 static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-split warps: equal sub-tiles per warp");
 static_assert(!WARPS_SPLIT_KEYS ||
@@ -112,6 +132,14 @@ __device__ __forceinline__ void for_lane_chunks(int lane, F f) {
     f(idx / CHUNKS, idx % CHUNKS);
   }
 }
+
+// The CTA rows of one warp's fragments. Fragment row r (0 <= r < MMA_Q * 16, m16 tile r / 16) is
+// CTA row first + r with mma.sync (each warp its own block of rows; every warp the same rows with
+// key-split warps); with wgmma, warp w holds rows 16w.. of each m64 tile, first = 16w.
+struct WarpRows {
+  int first;
+  __device__ __forceinline__ int at(int r) const { return WGMMA ? first + (r / 16) * 64 + r % 16 : first + r; }
+};
 
 // Where this thread's fragment rows sit: token within the request and query head.
 struct RowCoords {
@@ -167,6 +195,29 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
   qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
+}
+
+// Bytes between the 8-row groups of a 128-byte swizzled tile (wgmma's stride byte offset).
+constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
+
+// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the CTA's rows (this warp's 16
+// rows of it in s[mq]) and k16 step, one m64n64k16 product of the Q rows by the sub-tile's 64 K
+// rows, both K-major in shared memory (a k16 step is 32 bytes into the swizzled rows). Waits for
+// the products before returning.
+template <int NT>
+__device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
+  static_assert(!WGMMA || NT == 8, "one m64n64k16 product per m64 tile and k16 step");
+  wgmma_fence();
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+      const u64_t a = wgmma_desc_sw128(q_base + mq * 64 * 128 + kk * 32, 16, SW128_GROUP_BYTES);
+      const u64_t b = wgmma_desc_sw128(k_base + kk * 32, 16, SW128_GROUP_BYTES);
+      wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+    }
+  wgmma_commit();
+  wgmma_wait<0>();
 }
 
 // One m16n8 tile of S = Q K^T with f32 accumulators: m16 tile `mq`, n8 tile `nt` of the sub-tile
@@ -294,6 +345,38 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 template <int NT, typename Probs>
 __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, Softmax& softmax,
                                    float (&o)[MMA_Q][VO_NT][4]) {
+  if constexpr (WGMMA) {
+    // Every k16 block of P packed first (wgmma reads its A registers asynchronously: they are
+    // written before the fence), then one m64n64k16 product per m64 tile, k16 block and 64
+    // columns of V, V N-major: 16 rows (keys) per k16 block, 2048 bytes.
+    static_assert(!WGMMA || VO_NT == 8, "one m64n64k16 product per m64 tile and k16 block");
+    u32_t a[NT / 2][MMA_Q][4];
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk)
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+        a[kk][mq][0] = P.p_pair(mq, 2 * kk, 0);
+        a[kk][mq][1] = P.p_pair(mq, 2 * kk, 1);
+        a[kk][mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
+        a[kk][mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
+        if constexpr (SUM_BY_MMA) {
+          const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
+                               P.sum_pair(mq, 2 * kk + 1, 1)};
+          softmax.accumulate_sums(mq, sa);
+        }
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk)
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq) {
+        const u64_t b = wgmma_desc_sw128(v_base + kk * 16 * 128, KV_TILE * 128, SW128_GROUP_BYTES);
+        wgmma_m64n64k16_rs_nmajor<DTypeIn>(o[mq], a[kk][mq], b);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     u32_t a[MMA_Q][4];
@@ -364,13 +447,13 @@ struct QueryTile {
   __device__ __forceinline__ bool valid(int row) const { return row0 + row < packed_len; }
 
   // The coordinates of this thread's fragment rows.
-  __device__ __forceinline__ RowCoords row_coords(int warp_row0, int lane) const {
+  __device__ __forceinline__ RowCoords row_coords(WarpRows warp_rows, int lane) const {
     RowCoords rows;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        rows.valid[mq][h] = coords(warp_row0 + mq * 16 + lane / 4 + 8 * h, rows.token[mq][h], rows.head[mq][h]);
+        rows.valid[mq][h] = coords(warp_rows.at(mq * 16 + lane / 4 + 8 * h), rows.token[mq][h], rows.head[mq][h]);
     return rows;
   }
 };
@@ -378,7 +461,7 @@ struct QueryTile {
 // Writes this warp's normalised O rows (staged through its own rows of the Q tile, so the global
 // stores are 16 bytes wide) and their LSE.
 __device__ __forceinline__ void store_output(const PrefillParams& p, const QueryTile& tile, const RowCoords& rows,
-                                             int qo_start, int warp_row0, int lane, unsigned char* q_bytes,
+                                             int qo_start, WarpRows warp_rows, int lane, unsigned char* q_bytes,
                                              const SmemTile<VO_CHUNKS>& stage, const float (&o)[MMA_Q][VO_NT][4],
                                              const float (&lse)[MMA_Q][2]) {
 #pragma unroll
@@ -391,7 +474,7 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
 #pragma unroll
       for (int dt = 0; dt < VO_NT; ++dt) {
         u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
-        u32_t addr = at.at(stage.base, warp_row0 + mq * 16 + 8 * h, dt) + 4 * (lane % 4);
+        u32_t addr = at.at(stage.base, warp_rows.at(mq * 16 + 8 * h), dt) + 4 * (lane % 4);
         *reinterpret_cast<u32_t*>(q_bytes + (addr - stage.base)) = packed;
       }
       if (p.lse != nullptr && lane % 4 == 0 && rows.valid[mq][h]) {
@@ -402,11 +485,11 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
   constexpr int WARP_ROWS = MMA_Q * 16;
   DTypeOut* out = static_cast<DTypeOut*>(p.o);
   // Lane i works out the address of the warp's row i; the chunk loop takes it from that lane.
-  const i64_t lane_row = lane < WARP_ROWS ? tile.row_offset(warp_row0 + lane, qo_start, p.o_stride_token, p.o_stride_head) : 0;
+  const i64_t lane_row = lane < WARP_ROWS ? tile.row_offset(warp_rows.at(lane), qo_start, p.o_stride_token, p.o_stride_head) : 0;
   for_lane_chunks<WARP_ROWS, VO_CHUNKS>(lane, [&](int r, int chunk) {
     const i64_t row = shfl_i64(lane_row, r);
-    if (tile.valid(warp_row0 + r)) {
-      const uint4* src = reinterpret_cast<const uint4*>(q_bytes + (stage.chunk_addr(warp_row0 + r, chunk) - stage.base));
+    if (tile.valid(warp_rows.at(r))) {
+      const uint4* src = reinterpret_cast<const uint4*>(q_bytes + (stage.chunk_addr(warp_rows.at(r), chunk) - stage.base));
       *reinterpret_cast<uint4*>(out + row + chunk * (16 / sizeof(DTypeOut))) = *src;
     }
   });
@@ -454,9 +537,12 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
 }
 
 // One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
-// over one chunk of it when the plan splits the KV range.
+// over one chunk of it when the plan splits the KV range. A template (of nothing) so that the
+// branches `if constexpr` discards are not instantiated: the wgmma calls, say, do not compile for
+// the other tiles' fragments.
+template <int = 0>
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   // Two loads side by side: the item, and its request's span (what the indptrs hold for it).
   const int4 work = p.work[2 * blockIdx.x];      // (request, query tile, kv head, kv chunk)
   const int4 span = p.work[2 * blockIdx.x + 1];  // (qo start, qo len, kv start, kv len)
@@ -475,9 +561,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.kv_head = work.z;
   tile.group = p.group_size;
   tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
-  const int warp_row0 = WARPS_SPLIT_KEYS ? 0 : warp * MMA_Q * 16;
+  const WarpRows warp_rows{WARPS_SPLIT_KEYS ? 0 : warp * (WGMMA ? 16 : MMA_Q * 16)};
 
-  RowCoords rows = tile.row_coords(warp_row0, lane);
+  RowCoords rows = tile.row_coords(warp_rows, lane);
 
   const int tok_lo = tile.group_div.div(tile.row0);
   const int tok_hi = tile.group_div.div(min(tile.row0 + CTA_Q, tile.packed_len) - 1);
@@ -493,7 +579,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   kv_lo = kv_lo / KV_TILE * KV_TILE;
   const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KV_TILE - 1) / KV_TILE : 0;
 
-  const SmemTile<QK_CHUNKS> q_tile{smem_addr(smem)};
+  // With wgmma, every tile 1024-byte aligned (SMEM_ALIGN_SLACK); `smem` then points at the base.
+  const u32_t raw_base = smem_addr(smem_raw);
+  const u32_t smem_base = WGMMA ? (raw_base + 1023u) & ~1023u : raw_base;
+  unsigned char* const smem = smem_raw + (smem_base - raw_base);
+  const SmemTile<QK_CHUNKS> q_tile{smem_base};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
   const u32_t v_base = k_base + KV_STAGES * K_TILE_BYTES;
   // The K and V buffers of tile t (double-buffered: t % 2).
@@ -560,7 +650,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   bool v_pending = FIRST_V_LATE;
   auto await_v = [&]() {
     if (v_pending) {
-      cp_async_wait<SINGLE_BUFFER ? 0 : 1>();
+      wait_copies<SINGLE_BUFFER ? 0 : 1>();
       __syncthreads();
       v_pending = false;
     }
@@ -596,13 +686,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       // Each thread scales the Q chunks it copied itself, once they have landed (with K_0, which
       // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
       // loop, whose registers it would otherwise share.
-      cp_async_wait<1>();
+      wait_copies<1>();
       prescale_q(q_tile, smem, p.q_prescale, warp, lane);
     }
   }
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
-  const FragAddrs frag(q_tile.base, warp_row0, lane);
+  const FragAddrs frag(q_tile.base, warp_rows.first, lane);
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
@@ -611,9 +701,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       // barrier per tile fewer: H200, session 10, +0.3% to +1.3% at D=256; with f16 QK the later
       // V cost 4%). V_t is awaited before P V.
       if (spec::QK_F16_ACCUM || t == 0) {
-        cp_async_wait<1>();
+        wait_copies<1>();
       } else {
-        cp_async_wait<0>();
+        wait_copies<0>();
       }
       __syncthreads();
       if constexpr (!spec::QK_F16_ACCUM) {
@@ -623,9 +713,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
       if (t > 0 || !FIRST_V_LATE) {
-        cp_async_wait<0>();
+        wait_copies<0>();
       } else {
-        cp_async_wait<1>();
+        wait_copies<1>();
       }
       __syncthreads();
       // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
@@ -661,7 +751,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         }
       } else {
         float s[MMA_Q][KV_NT][4];
-        qk_f32(frag, k_sub.base, s);
+        if constexpr (WGMMA) {
+          qk_wgmma(q_tile.base, k_sub.base, s);
+        } else {
+          qk_f32(frag, k_sub.base, s);
+        }
         if constexpr (SINGLE_BUFFER) {
           // The V barrier frees K's buffer: tile t + 1's K rows load during P V.
           auto await_v_then_load_k = [&]() {
@@ -702,7 +796,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // uses are computed again here rather than held through the loop. From a fresh read of the lane
   // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
   // results and keep them live after all).
-  rows = tile.row_coords(warp_row0, lane_id());
+  rows = tile.row_coords(warp_rows, lane_id());
   float sink_log2[MMA_Q][2];
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
@@ -721,7 +815,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // copy is in flight: the last tile's groups were waited for, later ones are empty). With
   // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
   if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
-  store_output(p, tile, rows, qo_start, warp_row0, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
+  store_output(p, tile, rows, qo_start, warp_rows, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
 }
 
 }  // namespace prefill

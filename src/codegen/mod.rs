@@ -31,6 +31,7 @@ pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};
 
 use crate::dtype::DType;
+use crate::jit::Arch;
 use crate::problem::{CudaVariantSource, HeadDims, MaskKind, ParamType, QkAccum};
 
 /// The sample custom variant the compile matrix includes: a temperature and a per-head bias,
@@ -50,7 +51,8 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
 /// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
 /// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
 /// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
-/// tile included).
+/// tile included), and each tile's wgmma twin where it has one (compiled for sm_90a only:
+/// [`TileConfig::runs_on`]).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,
@@ -75,16 +77,20 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                     for variant in &variants {
                         for kv in KvCache::ALL {
                             for tile in TileConfig::candidates(head_dims, qk_accum, kv) {
-                                specs.push(KernelSpec {
-                                    input_dtype: dtype,
-                                    output_dtype: dtype,
-                                    qk_accum,
-                                    head_dims,
-                                    mask,
-                                    variant: variant.clone(),
-                                    kv,
-                                    tile,
-                                });
+                                let wgmma = tile.for_arch(Arch::Sm90a, head_dims, qk_accum);
+                                let twin = (wgmma != tile).then_some(wgmma);
+                                for tile in std::iter::once(tile).chain(twin) {
+                                    specs.push(KernelSpec {
+                                        input_dtype: dtype,
+                                        output_dtype: dtype,
+                                        qk_accum,
+                                        head_dims,
+                                        mask,
+                                        variant: variant.clone(),
+                                        kv,
+                                        tile,
+                                    });
+                                }
                             }
                         }
                     }

@@ -117,7 +117,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         "namespace spec {{\nusing DTypeIn = {};\nusing DTypeOut = {};\nconstexpr int HEAD_DIM_QK = {};\n\
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
-         constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\n\
+         constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool WGMMA = {};\n\
          constexpr bool KV_PAGED = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
@@ -132,6 +132,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.kv_sub,
         spec.tile.kv_stages,
         spec.tile.split_keys,
+        spec.tile.wgmma,
         spec.kv == KvCache::Paged,
     );
     out.push_str(&layout.variant.cuda_struct());

@@ -159,6 +159,18 @@ impl KernelSpec {
                 supported: "one K/V buffer (a `b1` tile) over ragged K/V only".into(),
             });
         }
+        if !tile.supports_wgmma(problem.head_dims, problem.qk_accum) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!(
+                    "tile {} for head dims {} with {} QK accumulation",
+                    tile.label(),
+                    problem.head_dims,
+                    problem.qk_accum.name()
+                ),
+                supported: "wgmma (`g`) tiles: head dim 64 with f32 QK accumulation".into(),
+            });
+        }
         let variant = VariantSpec::for_variant(&problem.variant)?;
         Ok(KernelSpec {
             input_dtype: problem.input_dtype,

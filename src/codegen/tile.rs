@@ -4,6 +4,7 @@
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
 use super::spec::KvCache;
+use crate::jit::Arch;
 use crate::problem::{HeadDims, QkAccum};
 
 /// How one CTA of the prefill kernel is tiled.
@@ -25,12 +26,19 @@ pub struct TileConfig {
     /// t + 1's K loads during tile t's P V and its V after it; the rows layout over ragged K/V,
     /// with one sub-tile per tile).
     pub kv_stages: u32,
+    /// Whether S = Q K^T and O += P V run as Hopper warpgroup MMAs (`wgmma`, sm_90a only) rather
+    /// than `mma.sync`: one warpgroup of row warps over 64-key sub-tiles, for the kernels
+    /// [`supports_wgmma`](Self::supports_wgmma) allows.
+    pub wgmma: bool,
 }
 
 /// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
 const CHUNK_BYTES: u32 = 16;
 /// Elements per chunk.
 const CHUNK_ELEMS: u32 = 8;
+/// Shared memory a wgmma tile adds so that the kernel can align its tiles to 1024 bytes (the
+/// period of wgmma's swizzle): `SMEM_ALIGN_SLACK` in kernels/prefill.cuh.
+const WGMMA_ALIGN_SLACK: u32 = 1024;
 
 impl TileConfig {
     /// Packed query rows per CTA.
@@ -48,7 +56,41 @@ impl TileConfig {
     pub fn smem_bytes(self, dims: HeadDims) -> u32 {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
-        self.cta_q() * qk_row + self.kv_stages * self.kv_tile * (qk_row + vo_row)
+        let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
+        self.cta_q() * qk_row + self.kv_stages * self.kv_tile * (qk_row + vo_row) + align_slack
+    }
+
+    /// Whether this tile can compute a kernel with these head dims and QK accumulation: always
+    /// without wgmma; with it (the kernel's own static checks, stated for the host), rows of 64
+    /// elements, whose swizzle is wgmma's own, and f32 QK accumulation.
+    pub fn supports_wgmma(self, dims: HeadDims, qk_accum: QkAccum) -> bool {
+        !self.wgmma || (dims.qk() == 64 && dims.vo() == 64 && qk_accum == QkAccum::F32)
+    }
+
+    /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin (same rows, keys and
+    /// buffers, so the planner's simulation holds for both) where the kernel supports one;
+    /// otherwise this tile.
+    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum) -> TileConfig {
+        let twin = TileConfig {
+            wgmma: true,
+            ..self
+        };
+        let eligible = arch == Arch::Sm90a
+            && !self.split_keys
+            && self.num_warps == 4
+            && self.kv_sub == 64
+            && self.kv_stages == 2
+            && twin.supports_wgmma(dims, qk_accum);
+        if eligible {
+            twin
+        } else {
+            self
+        }
+    }
+
+    /// The architectures a kernel with this tile compiles for: wgmma tiles sm_90a only.
+    pub fn runs_on(self, arch: Arch) -> bool {
+        !self.wgmma || arch == Arch::Sm90a
     }
 
     /// Whether a kernel over K/V from `kv` can use this tiling: a single K/V buffer only over
@@ -67,15 +109,21 @@ impl TileConfig {
         };
         let keys = if self.split_keys { "k" } else { "" };
         let buffers = if self.kv_stages == 1 { "b1" } else { "" };
+        let wgmma = if self.wgmma { "g" } else { "" };
         format!(
-            "w{}q{}kv{}{sub}{keys}{buffers}",
+            "w{}q{}kv{}{sub}{keys}{buffers}{wgmma}",
             self.num_warps, self.mma_q, self.kv_tile
         )
     }
 
     /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
-    /// `w4q1kv64s16k`, `w4q1kv64b1`); `None` for anything else or a tiling the kernel cannot run.
+    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w4q2kv64g`); `None` for anything else or a tiling the
+    /// kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
+        let (s, wgmma) = match s.strip_suffix('g') {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
         let (s, kv_stages) = match s.strip_suffix("b1") {
             Some(rest) => (rest, 1),
             None => (s, 2),
@@ -95,6 +143,7 @@ impl TileConfig {
             kv_sub: sub.parse().ok()?,
             split_keys,
             kv_stages,
+            wgmma,
         };
         let valid = (1..=8).contains(&t.num_warps)
             && (1..=4).contains(&t.mma_q)
@@ -102,7 +151,8 @@ impl TileConfig {
             && t.kv_sub > 0
             && t.kv_tile % t.kv_sub == 0
             && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0)
-            && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile));
+            && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile))
+            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_sub == 64 && kv_stages == 2));
         valid.then_some(t)
     }
 
@@ -125,6 +175,7 @@ impl TileConfig {
             kv_sub,
             split_keys: false,
             kv_stages,
+            wgmma: false,
         };
         let mut tiles = match (dims.qk(), qk_accum, kv) {
             (64, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
@@ -150,6 +201,7 @@ impl TileConfig {
             kv_sub: 16,
             split_keys: true,
             kv_stages: 2,
+            wgmma: false,
         }
     }
 

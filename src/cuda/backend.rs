@@ -5,7 +5,7 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::PlanOptions;
-use super::schedule::{choose_tile, SplitChoice};
+use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
@@ -115,7 +115,7 @@ impl Backend for CudaBackend {
             } else {
                 KvCache::Ragged
             };
-            let tile = choose_tile(&case.problem, kv, sm_count);
+            let tile = choose_tile_on(&case.problem, kv, sm_count, self.engine.info().arch);
             if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {

@@ -10,7 +10,7 @@ use super::error::DriverContext;
 use super::launch::{launch_1d, Launch1d};
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{
-    choose_kv_split, choose_tile, prefill_work, split_slots, KvSplit, SplitChoice,
+    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
 };
 use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig,
@@ -112,9 +112,17 @@ impl KernelPlan {
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
         let sm_count = engine.info().sm_count as usize;
+        let arch = engine.info().arch;
         let tile = options
             .tile
-            .unwrap_or_else(|| choose_tile(problem, kv, sm_count));
+            .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
+        if !tile.runs_on(arch) {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("tile {} on {}", tile.label(), arch.name()),
+                supported: "wgmma (`g`) tiles on sm_90a (Hopper) devices".into(),
+            });
+        }
         let spec = KernelSpec::for_problem(problem, kv, tile)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;

@@ -10,6 +10,7 @@
 //! longest first within each, so that the CTAs resident at one time read K/V that stays in L2.
 
 use crate::codegen::{KvCache, TileConfig};
+use crate::jit::Arch;
 use crate::problem::{AttentionProblem, Mask};
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
@@ -190,6 +191,17 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
         }
     }
     best.map_or(key_split, |(_, t)| t)
+}
+
+/// [`choose_tile`] on a GPU of architecture `arch`: on sm_90a, the chosen tile's wgmma twin
+/// ([`TileConfig::for_arch`]) where the kernel has one.
+pub fn choose_tile_on(
+    problem: &AttentionProblem,
+    kv: KvCache,
+    sm_count: usize,
+    arch: Arch,
+) -> TileConfig {
+    choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims, problem.qk_accum)
 }
 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,

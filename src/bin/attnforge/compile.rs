@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use attnforge::codegen::{self, RenderedKernel};
+use attnforge::codegen::{self, RenderedKernel, TileConfig};
 use attnforge::jit::batch::{compile_all, BatchJob, Progress};
 use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, JitError, JitOutput, SnippetSpan};
 use serde::Serialize;
@@ -96,7 +96,10 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
     let mut batch = Vec::new();
     let mut budgets = Vec::new();
     for &arch in &archs {
-        for k in &kernels {
+        for k in kernels
+            .iter()
+            .filter(|k| k.tile.is_none_or(|t| t.runs_on(arch)))
+        {
             batch.push(job(k, arch));
             budgets.push(k.spill_budget_bytes);
         }
@@ -134,6 +137,8 @@ struct Unit {
     source: String,
     snippets: Vec<SnippetSpan>,
     spill_budget_bytes: u32,
+    /// The attention kernel's tile (which targets it compiles for); `None` for the others.
+    tile: Option<TileConfig>,
 }
 
 impl From<RenderedKernel> for Unit {
@@ -144,6 +149,7 @@ impl From<RenderedKernel> for Unit {
             source: k.source,
             snippets: k.snippets,
             spill_budget_bytes: k.spill_budget_bytes,
+            tile: None,
         }
     }
 }
@@ -153,7 +159,10 @@ impl From<RenderedKernel> for Unit {
 fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
     let mut units: Vec<Unit> = codegen::compile_matrix()
         .iter()
-        .map(|s| Unit::from(codegen::render(s)))
+        .map(|s| Unit {
+            tile: Some(s.tile),
+            ..Unit::from(codegen::render(s))
+        })
         .collect();
     for spec in codegen::reference_matrix() {
         let r = codegen::render_reference(&spec);
@@ -163,6 +172,7 @@ fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
             source: r.source,
             snippets: r.snippets,
             spill_budget_bytes: r.spill_budget_bytes,
+            tile: None,
         });
     }
     for fixed in [codegen::render_append(), codegen::render_merge_states()] {
@@ -172,6 +182,7 @@ fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
             source: fixed.source,
             snippets: Vec::new(),
             spill_budget_bytes: 0,
+            tile: None,
         });
     }
     let total = units.len();
