@@ -37,9 +37,9 @@ struct KvRows {
 
 // Loads rows [j0, j0 + ROWS) of `src` into `tile`; rows at or past `valid_rows` (relative to j0)
 // are zero-filled and their addresses never formed (a paged row past the end has no page).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED>
-__device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS>& tile, const KvRows<T, PAGED>& src,
-                                                   int j0, int valid_rows) {
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS>
+__device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
+                                                   const KvRows<T, PAGED>& src, int j0, int valid_rows) {
   if constexpr (!PAGED) {
     load_rows_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, src.base + j0 * src.token_stride, src.token_stride,
                                                       valid_rows);
@@ -92,20 +92,21 @@ struct RowSplit {
 
   // Where chunk c of the thread's i-th row goes. With whole groups of 8 rows per pass every row
   // of the thread has the same swizzle: one address plus constants.
-  template <int ROW_CHUNKS>
-  __device__ __forceinline__ u32_t dst(const SmemTile<ROW_CHUNKS>& tile, int i) const {
-    return ROWS_PER_PASS % 8 == 0
-               ? tile.chunk_addr(row0, chunk0) + static_cast<u32_t>(i * ROWS_PER_PASS * ROW_CHUNKS * 16)
-               : tile.chunk_addr(row(i), chunk0);
+  template <int ROW_CHUNKS, int ATOM_ROWS>
+  __device__ __forceinline__ u32_t dst(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, int i) const {
+    return ROWS_PER_PASS % 8 == 0 ? tile.chunk_addr(row0, chunk0) +
+                                        static_cast<u32_t>(i * ROWS_PER_PASS * SmemTile<ROW_CHUNKS, ATOM_ROWS>::ROW_BYTES)
+                                  : tile.chunk_addr(row(i), chunk0);
   }
 };
 
 // One thread's copies of one row (RowSplit): chunks c, c + 8, .. from `src` (chunk c of the row)
-// to `dst` (where chunk c goes), 128 bytes apart on both sides; zeros when `valid` is false.
-template <int ROW_CHUNKS>
+// to `dst` (where chunk c goes), 128 bytes apart in global memory and GROUP_BYTES apart in the
+// tile; zeros when `valid` is false.
+template <int ROW_CHUNKS, int GROUP_BYTES>
 __device__ __forceinline__ void copy_row_chunks_async(u32_t dst, const char* src, bool valid) {
 #pragma unroll
-  for (int s = 0; s < ROW_CHUNKS / 8; ++s) cp_async_16(dst + 128 * s, src + 128 * s, valid);
+  for (int s = 0; s < ROW_CHUNKS / 8; ++s) cp_async_16(dst + GROUP_BYTES * s, src + 128 * s, valid);
 }
 
 // The byte strides of a paged tensor: u32_t when both fit 32 bits, else u64_t.
@@ -177,8 +178,9 @@ struct PagedKvThread {
 // pointer per row from the thread's base pointer. Rows at or past valid_rows (none when WHOLE)
 // are zero-filled: their page id in the stage is 0 (stage_page_ids_async), so the pointer is well
 // formed, and cp.async reads none of it.
-template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes>
-__device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS>& k_tile, const SmemTile<V_CHUNKS>& v_tile,
+template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes, int ATOM_ROWS>
+__device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
+                                                   const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                    const PagedKvThread<T, NUM_THREADS>& src, PageStrides<Bytes> k_bytes,
                                                    PageStrides<Bytes> v_bytes, u32_t ids, int j0, int valid_rows) {
   using Split = RowSplit<NUM_THREADS>;
@@ -195,16 +197,19 @@ __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS>& k_t
     const int row = split.row(i);
     const bool valid = WHOLE || row < valid_rows;
     const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
-    copy_row_chunks_async<K_CHUNKS>(split.dst(k_tile, i), paged_chunk(k_base, page[i], slot, k_bytes), valid);
-    copy_row_chunks_async<V_CHUNKS>(split.dst(v_tile, i), paged_chunk(v_base, page[i], slot, v_bytes), valid);
+    copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(
+        split.dst(k_tile, i), paged_chunk(k_base, page[i], slot, k_bytes), valid);
+    copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(
+        split.dst(v_tile, i), paged_chunk(v_base, page[i], slot, v_bytes), valid);
   }
 }
 
 // Paged, when RowSplit does not split the tile evenly: rows [j0, j0 + ROWS) of one tensor, one
 // page-id read per chunk.
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T>
-__device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHUNKS>& tile, const KvRows<T, true>& src,
-                                                          u32_t ids, int j0, int valid_rows) {
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int ATOM_ROWS>
+__device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
+                                                          const KvRows<T, true>& src, u32_t ids, int j0,
+                                                          int valid_rows) {
   load_tile_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, [&](int row, bool& valid) {
     valid = row < valid_rows;
     return valid ? src.in_page(ld_shared_s32(ids + 4 * row), j0 + row) : src.base;
@@ -234,9 +239,9 @@ struct KvSource<T, false, NUM_THREADS> {
 // The K and V rows [j0, j0 + ROWS) of one key tile into `k_tile` and `v_tile` (one cp.async group
 // for the caller to commit), as load_kv_rows_async does for each; paged rows take their page ids
 // from the shared-memory stage at `ids` (filled by stage_page_ids_async for the same j0).
-template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED>
-__device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUNKS>& k_tile,
-                                                           const SmemTile<V_CHUNKS>& v_tile,
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS>
+__device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
+                                                           const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                            const KvSource<T, PAGED, NUM_THREADS>& src, u32_t ids,
                                                            int j0, int valid_rows) {
   if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {

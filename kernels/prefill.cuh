@@ -42,7 +42,7 @@ constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 // Warpgroup MMA (sm_90a): the CTA's four warps are one warpgroup, S = Q K^T and O += P V are
 // wgmma.m64n64k16 (mma.cuh) over the 128-byte swizzled tiles, and warp w holds rows 16w.. of
 // each m64 tile (cta_row). The softmax, masks and variants see the same fragments as with
-// mma.sync. For now: rows of 64 elements (the tiles' swizzle is then wgmma's own) and f32 QK.
+// mma.sync. For now: f32 QK over double-buffered 64-key tiles.
 constexpr bool WGMMA = spec::WGMMA;
 
 // Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
@@ -76,9 +76,13 @@ static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-til
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
-static_assert(!WGMMA || (NUM_WARPS == 4 && !WARPS_SPLIT_KEYS && KV_SUB == 64 && !spec::QK_F16_ACCUM &&
-                         QK_CHUNKS == 8 && VO_CHUNKS == 8),
-              "wgmma tiles: one warpgroup of row warps, 64-key sub-tiles, f32 QK, head dim 64");
+static_assert(!WGMMA || (NUM_WARPS == 4 && !WARPS_SPLIT_KEYS && KV_SUB == 64 && KV_TILE == 64 && !spec::QK_F16_ACCUM),
+              "wgmma tiles: one warpgroup of row warps, 64-key tiles, f32 QK");
+// The shared-memory layout of the Q, K and V tiles (smem_tile.cuh): with wgmma, columns of 64
+// elements (wgmma's own swizzled layout; the same as rows at head dim 64), else rows.
+using QTile = SmemTile<QK_CHUNKS, WGMMA ? CTA_Q : 0>;
+using KTile = SmemTile<QK_CHUNKS, WGMMA ? KV_TILE : 0>;
+using VTile = SmemTile<VO_CHUNKS, WGMMA ? KV_TILE : 0>;
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
 static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-split warps: equal sub-tiles per warp");
 static_assert(!WARPS_SPLIT_KEYS ||
@@ -202,8 +206,8 @@ constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 
 // S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the CTA's rows (this warp's 16
 // rows of it in s[mq]) and k16 step, one m64n64k16 product of the Q rows by the sub-tile's 64 K
-// rows, both K-major in shared memory (a k16 step is 32 bytes into the swizzled rows). Waits for
-// the products before returning.
+// rows, both K-major in shared memory (a k16 step is 32 bytes into a column's swizzled rows, four
+// steps a column). Waits for the products before returning.
 template <int NT>
 __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
   static_assert(!WGMMA || NT == 8, "one m64n64k16 product per m64 tile and k16 step");
@@ -212,8 +216,10 @@ __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-      const u64_t a = wgmma_desc_sw128(q_base + mq * 64 * 128 + kk * 32, 16, SW128_GROUP_BYTES);
-      const u64_t b = wgmma_desc_sw128(k_base + kk * 32, 16, SW128_GROUP_BYTES);
+      const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
+      const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
+      const u64_t a = wgmma_desc_sw128(q_base + mq * 64 * 128 + q_step, 16, SW128_GROUP_BYTES);
+      const u64_t b = wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES);
       wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
     }
   wgmma_commit();
@@ -346,34 +352,37 @@ template <int NT, typename Probs>
 __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs& P, Softmax& softmax,
                                    float (&o)[MMA_Q][VO_NT][4]) {
   if constexpr (WGMMA) {
-    // Every k16 block of P packed first (wgmma reads its A registers asynchronously: they are
-    // written before the fence), then one m64n64k16 product per m64 tile, k16 block and 64
-    // columns of V, V N-major: 16 rows (keys) per k16 block, 2048 bytes.
-    static_assert(!WGMMA || VO_NT == 8, "one m64n64k16 product per m64 tile and k16 block");
-    u32_t a[NT / 2][MMA_Q][4];
+    // Per k16 block of P: its A fragments packed, a fence (wgmma reads A registers
+    // asynchronously), one m64n64k16 product per m64 tile and 64 columns of V (one column of the
+    // tile), V N-major: 16 rows (keys) per k16 block, 2048 bytes; then at most one block's
+    // products left in flight, so that two blocks' fragments are live, not all of them.
 #pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk)
+    for (int kk = 0; kk < NT / 2; ++kk) {
+      u32_t a[MMA_Q][4];
 #pragma unroll
       for (int mq = 0; mq < MMA_Q; ++mq) {
-        a[kk][mq][0] = P.p_pair(mq, 2 * kk, 0);
-        a[kk][mq][1] = P.p_pair(mq, 2 * kk, 1);
-        a[kk][mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
-        a[kk][mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
+        a[mq][0] = P.p_pair(mq, 2 * kk, 0);
+        a[mq][1] = P.p_pair(mq, 2 * kk, 1);
+        a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
+        a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
         if constexpr (SUM_BY_MMA) {
           const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
                                P.sum_pair(mq, 2 * kk + 1, 1)};
           softmax.accumulate_sums(mq, sa);
         }
       }
-    wgmma_fence();
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk)
+      for (int db = 0; db < VO_NT / 8; ++db) {
+        const u64_t b = wgmma_desc_sw128(v_base + db * VTile::GROUP_BYTES + kk * 16 * 128, VTile::GROUP_BYTES,
+                                         SW128_GROUP_BYTES);
 #pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq) {
-        const u64_t b = wgmma_desc_sw128(v_base + kk * 16 * 128, KV_TILE * 128, SW128_GROUP_BYTES);
-        wgmma_m64n64k16_rs_nmajor<DTypeIn>(o[mq], a[kk][mq], b);
+        for (int mq = 0; mq < MMA_Q; ++mq)
+          wgmma_m64n64k16_rs_nmajor<DTypeIn>(reinterpret_cast<float(&)[8][4]>(o[mq][db * 8]), a[mq], b);
       }
-    wgmma_commit();
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
     wgmma_wait<0>();
     return;
   }
@@ -406,7 +415,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
 }
 
 // Multiplies this thread's Q chunks (loaded by itself) by the f16 prescale, an exact power of two.
-__device__ __forceinline__ void prescale_q(const SmemTile<QK_CHUNKS>& q, unsigned char* q_bytes, float prescale,
+__device__ __forceinline__ void prescale_q(const QTile& q, unsigned char* q_bytes, float prescale,
                                            int warp, int lane) {
   u32_t s2 = DTypeTraits<f16_t>::pack2(prescale, prescale);
   const int q_row0 = warp * Q_ROWS_PER_WARP;
@@ -583,12 +592,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const u32_t raw_base = smem_addr(smem_raw);
   const u32_t smem_base = WGMMA ? (raw_base + 1023u) & ~1023u : raw_base;
   unsigned char* const smem = smem_raw + (smem_base - raw_base);
-  const SmemTile<QK_CHUNKS> q_tile{smem_base};
+  const QTile q_tile{smem_base};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
   const u32_t v_base = k_base + KV_STAGES * K_TILE_BYTES;
   // The K and V buffers of tile t (double-buffered: t % 2).
-  auto k_tile = [&](int t) { return SmemTile<QK_CHUNKS>{k_base + (t % KV_STAGES) * K_TILE_BYTES}; };
-  auto v_tile = [&](int t) { return SmemTile<VO_CHUNKS>{v_base + (t % KV_STAGES) * V_TILE_BYTES}; };
+  auto k_tile = [&](int t) { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; };
+  auto v_tile = [&](int t) { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; };
 
   const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
   // Ragged rows start at the request's first key; paged rows at its first page.
@@ -728,8 +737,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     for (int sub = WARPS_SPLIT_KEYS ? warp : 0; sub < KV_TILE / KV_SUB; sub += WARPS_SPLIT_KEYS ? NUM_WARPS : 1) {
       const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
-      const SmemTile<QK_CHUNKS> k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
-      const SmemTile<VO_CHUNKS> v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
+      // (wgmma tiles compute whole tiles: sub is 0.)
+      const KTile k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
+      const VTile v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
       if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16(frag, k_sub.base, acc);

@@ -3,7 +3,7 @@
 //! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
-use super::spec::KvCache;
+use super::spec::{KvCache, VariantSpec};
 use crate::jit::Arch;
 use crate::problem::{HeadDims, QkAccum};
 
@@ -61,16 +61,20 @@ impl TileConfig {
     }
 
     /// Whether this tile can compute a kernel with these head dims and QK accumulation: always
-    /// without wgmma; with it (the kernel's own static checks, stated for the host), rows of 64
-    /// elements, whose swizzle is wgmma's own, and f32 QK accumulation.
+    /// without wgmma; with it, head dims 64 and 128 with f32 QK accumulation (for now: the f16-QK
+    /// kernels' overflow fallback reads the tiles with mma.sync, head dim 256 single-buffers).
     pub fn supports_wgmma(self, dims: HeadDims, qk_accum: QkAccum) -> bool {
-        !self.wgmma || (dims.qk() == 64 && dims.vo() == 64 && qk_accum == QkAccum::F32)
+        !self.wgmma || (matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128)) && qk_accum == QkAccum::F32)
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin (same rows, keys and
-    /// buffers, so the planner's simulation holds for both) where the kernel supports one;
-    /// otherwise this tile.
-    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum) -> TileConfig {
+    /// buffers, so the planner's simulation holds for both) where the kernel supports one and
+    /// fits its registers; otherwise this tile. At head dim 128 the 128-row twin keeps 128 f32
+    /// output accumulators and 64 logits in whole 32-register blocks: with a variant that has a
+    /// transform (soft-cap, ALiBi, custom) it spills past
+    /// [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) in some masks (NVRTC 13, sm_90a: up to
+    /// 216 bytes), so there only the variants without one take it.
+    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum, variant: &VariantSpec) -> TileConfig {
         let twin = TileConfig {
             wgmma: true,
             ..self
@@ -78,9 +82,11 @@ impl TileConfig {
         let eligible = arch == Arch::Sm90a
             && !self.split_keys
             && self.num_warps == 4
+            && self.kv_tile == 64
             && self.kv_sub == 64
             && self.kv_stages == 2
-            && twin.supports_wgmma(dims, qk_accum);
+            && twin.supports_wgmma(dims, qk_accum)
+            && (dims.vo() <= 64 || self.mma_q == 1 || matches!(variant, VariantSpec::None | VariantSpec::Sinks));
         if eligible {
             twin
         } else {
@@ -152,7 +158,7 @@ impl TileConfig {
             && t.kv_tile % t.kv_sub == 0
             && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0)
             && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile))
-            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_sub == 64 && kv_stages == 2));
+            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_tile == 64 && t.kv_sub == 64 && kv_stages == 2));
         valid.then_some(t)
     }
 
