@@ -168,7 +168,8 @@ impl KernelSpec {
                     problem.head_dims,
                     problem.qk_accum.name()
                 ),
-                supported: "wgmma (`g`) tiles: head dims 64 and 128 with f32 QK accumulation".into(),
+                supported: "wgmma (`g`) tiles: head dims 64, 128 and 256 with f32 QK accumulation"
+                    .into(),
             });
         }
         let variant = VariantSpec::for_variant(&problem.variant)?;

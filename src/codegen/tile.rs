@@ -61,10 +61,12 @@ impl TileConfig {
     }
 
     /// Whether this tile can compute a kernel with these head dims and QK accumulation: always
-    /// without wgmma; with it, head dims 64 and 128 with f32 QK accumulation (for now: the f16-QK
-    /// kernels' overflow fallback reads the tiles with mma.sync, head dim 256 single-buffers).
+    /// without wgmma; with it, head dims 64, 128 and 256 with f32 QK accumulation. (f16 QK on
+    /// wgmma, tried in session 13, failed a verify case and gained only 5% at head dim 128.)
     pub fn supports_wgmma(self, dims: HeadDims, qk_accum: QkAccum) -> bool {
-        !self.wgmma || (matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128)) && qk_accum == QkAccum::F32)
+        !self.wgmma
+            || (matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
+                && qk_accum == QkAccum::F32)
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin (same rows, keys and
@@ -74,7 +76,13 @@ impl TileConfig {
     /// transform (soft-cap, ALiBi, custom) it spills past
     /// [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) in some masks (NVRTC 13, sm_90a: up to
     /// 216 bytes), so there only the variants without one take it.
-    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum, variant: &VariantSpec) -> TileConfig {
+    pub fn for_arch(
+        self,
+        arch: Arch,
+        dims: HeadDims,
+        qk_accum: QkAccum,
+        variant: &VariantSpec,
+    ) -> TileConfig {
         let twin = TileConfig {
             wgmma: true,
             ..self
@@ -84,9 +92,10 @@ impl TileConfig {
             && self.num_warps == 4
             && self.kv_tile == 64
             && self.kv_sub == 64
-            && self.kv_stages == 2
             && twin.supports_wgmma(dims, qk_accum)
-            && (dims.vo() <= 64 || self.mma_q == 1 || matches!(variant, VariantSpec::None | VariantSpec::Sinks));
+            && (dims.vo() <= 64
+                || self.mma_q == 1
+                || matches!(variant, VariantSpec::None | VariantSpec::Sinks));
         if eligible {
             twin
         } else {
@@ -158,7 +167,7 @@ impl TileConfig {
             && t.kv_tile % t.kv_sub == 0
             && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0)
             && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile))
-            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_tile == 64 && t.kv_sub == 64 && kv_stages == 2));
+            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_tile == 64 && t.kv_sub == 64));
         valid.then_some(t)
     }
 
