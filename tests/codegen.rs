@@ -189,6 +189,8 @@ fn tiles_round_trip_through_their_labels() {
         "w4q1kv32",
         "w4q1kv64s16k",
         "w4q1kv64b1",
+        "w4q2kv64g",
+        "w4q1kv64b1g",
     ] {
         assert_eq!(TileConfig::parse(label).unwrap().label(), label);
     }
@@ -202,6 +204,11 @@ fn tiles_round_trip_through_their_labels() {
         "x4q1kv64",
         "w4q1kv64s32b1",
         "w4q1kv64s16kb1",
+        // wgmma: one warpgroup of row warps over whole 64-key tiles.
+        "w8q1kv64g",
+        "w4q2kv64s32g",
+        "w4q1kv32g",
+        "w4q1kv64s16kg",
     ] {
         assert!(TileConfig::parse(bad).is_none(), "{bad:?} parsed");
     }
@@ -265,6 +272,98 @@ fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
     let spec = KernelSpec::for_problem(&p, KvCache::Ragged, b1).unwrap();
     let source = render(&spec).source;
     assert!(source.contains("constexpr int KV_STAGES = 1;"));
+}
+
+#[test]
+fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
+    let twin = |dims: u32, accum, variant: &VariantSpec, label: &str, arch| {
+        let dims = HeadDims::equal(dims as usize).unwrap();
+        TileConfig::parse(label)
+            .unwrap()
+            .for_arch(arch, dims, accum, variant)
+            .label()
+    };
+    let none = VariantSpec::None;
+    let softcap = VariantSpec::SoftCap;
+    for (dims, label, expected) in [
+        (64, "w4q2kv64", "w4q2kv64g"),
+        (64, "w4q1kv64", "w4q1kv64g"),
+        (128, "w4q2kv64", "w4q2kv64g"),
+        (128, "w4q1kv64", "w4q1kv64g"),
+        (256, "w4q1kv64b1", "w4q1kv64b1g"),
+        // Not whole 64-key tiles, or the key-split layout: mma.sync.
+        (256, "w4q1kv32", "w4q1kv32"),
+        (128, "w4q1kv64s16k", "w4q1kv64s16k"),
+        (128, "w4q2kv64s32", "w4q2kv64s32"),
+    ] {
+        assert_eq!(
+            twin(dims, QkAccum::F32, &none, label, Arch::Sm90a),
+            expected
+        );
+        // Other targets and f16 QK accumulation keep mma.sync.
+        assert_eq!(twin(dims, QkAccum::F32, &none, label, Arch::Sm80), label);
+        assert_eq!(twin(dims, QkAccum::F16, &none, label, Arch::Sm90a), label);
+    }
+    // The 128-row head-dim-128 twin would spill with a transform; the 64-row one and head dim
+    // 64 take every variant.
+    assert_eq!(
+        twin(128, QkAccum::F32, &softcap, "w4q2kv64", Arch::Sm90a),
+        "w4q2kv64"
+    );
+    assert_eq!(
+        twin(128, QkAccum::F32, &softcap, "w4q1kv64", Arch::Sm90a),
+        "w4q1kv64g"
+    );
+    assert_eq!(
+        twin(64, QkAccum::F32, &softcap, "w4q2kv64", Arch::Sm90a),
+        "w4q2kv64g"
+    );
+    assert_eq!(
+        twin(
+            128,
+            QkAccum::F32,
+            &VariantSpec::Sinks,
+            "w4q2kv64",
+            Arch::Sm90a
+        ),
+        "w4q2kv64g"
+    );
+
+    // A twin adds the slack that aligns its tiles to 1024 bytes, compiles for sm_90a only, and
+    // the matrix holds one for every twin the planner can pick.
+    let d128 = HeadDims::equal(128).unwrap();
+    let g = TileConfig::parse("w4q2kv64g").unwrap();
+    let plain = TileConfig::parse("w4q2kv64").unwrap();
+    assert_eq!(g.smem_bytes(d128), plain.smem_bytes(d128) + 1024);
+    assert!(g.runs_on(Arch::Sm90a) && !g.runs_on(Arch::Sm80) && !g.runs_on(Arch::Sm89));
+    assert!(plain.runs_on(Arch::Sm80));
+    let matrix = compile_matrix();
+    for spec in matrix.iter().filter(|s| !s.tile.wgmma) {
+        let t = spec
+            .tile
+            .for_arch(Arch::Sm90a, spec.head_dims, spec.qk_accum, &spec.variant);
+        assert!(
+            !t.wgmma
+                || matrix.iter().any(|m| m.tile == t
+                    && m.variant == spec.variant
+                    && m.head_dims == spec.head_dims
+                    && m.qk_accum == spec.qk_accum
+                    && m.mask == spec.mask
+                    && m.kv == spec.kv
+                    && m.input_dtype == spec.input_dtype),
+            "{} has no wgmma twin in the matrix",
+            spec.name()
+        );
+    }
+    let source = render(&KernelSpec { tile: g, ..base() }).source;
+    assert!(source.contains("constexpr bool WGMMA = true;"));
+    // A forced twin the kernel cannot compute is refused, saying what is supported.
+    let p = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d128, DType::F16)
+        .with_qk_accum(QkAccum::F16);
+    match KernelSpec::for_problem(&p, KvCache::Ragged, g) {
+        Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("f32 QK")),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
 }
 
 #[test]
