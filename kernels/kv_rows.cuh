@@ -76,9 +76,10 @@ __device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, 
 // threads of a row read 128 contiguous bytes per copy instruction, so a warp still reads whole
 // 128-byte lines (four rows' worth; with one thread per chunk of a 256-byte row it read two rows),
 // and the 8 chunks an instruction writes to a tile row land on distinct swizzle positions (no bank
-// conflict). A thread's chunks of one row sit 128 bytes apart both in global memory and in the
-// tile (the swizzle changes only the low 3 bits of the chunk index), so one source pointer and
-// one shared-memory address serve them all, the rest at immediate offsets: a thread addresses
+// conflict). A thread's chunks of one row sit 128 bytes apart in global memory and a fixed
+// distance apart in the tile (128 bytes in the row layout, a column in wgmma's; the swizzle
+// changes only the low 3 bits of the chunk index), so one source pointer and one shared-memory
+// address serve them all, the rest at immediate offsets: a thread addresses
 // ROW_CHUNKS / 8 times fewer rows than with one chunk per thread.
 template <int NUM_THREADS>
 struct RowSplit {

@@ -100,7 +100,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // same fragments as the mma.sync path, so the softmax code is shared. B (and A, when it comes
 // from shared memory) is read through a matrix descriptor of a tile in the 128-byte swizzled
 // layout: rows of 128 bytes, 16-byte chunk c of row r at position c ^ (r % 8), the 8-row groups
-// 1024 bytes apart and 1024-byte aligned (SmemTile's layout for 64-element rows).
+// 1024 bytes apart and 1024-byte aligned: SmemTile's column layout (smem_tile.cuh).
 
 // The descriptor of a 128-byte swizzled operand at shared address `addr`: 8-row groups
 // `group_bytes` apart (the stride byte offset), and `lead_bytes` between 64-element blocks of

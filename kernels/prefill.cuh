@@ -17,7 +17,8 @@
 // after tile t, whose overflow fallback reads K during P V: three barriers). Per
 // sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
-// accumulators). Tiles wholly masked are skipped; element masks run only
+// accumulators). On sm_90a a wgmma tile (WGMMA, below) computes both products as warpgroup MMAs
+// instead, over tiles in wgmma's swizzled layout; everything between them is the same code. Tiles wholly masked are skipped; element masks run only
 // on tiles that need them. With f16 accumulators, a sub-tile that needs no transform and no mask
 // and did not overflow goes to the softmax as packed f16 (half the registers; each element
 // widened exactly just before its exponent); the others are widened to f32 32 keys at a time,

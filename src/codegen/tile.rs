@@ -238,6 +238,9 @@ impl TileConfig {
     /// the H200. Session 11 (same matrix, after the launch bounds, the work spans and the
     /// soft-cap's small form): 165 spill, all D=128 `w4q2kv64` (88 for sm_90a, 77 for sm_80), at
     /// most 84 bytes of stores; the f32-QK custom-mask kernels reload 128 bytes, at the budget.
+    /// Session 13 adds the sm_90a wgmma twins: 18 of the 272 head-dim-64 and 128 twins spill
+    /// (all at head dim 128), at most 32 bytes; the 128-row twin with a transforming variant
+    /// would exceed the budget, so the planner does not take it ([`for_arch`](Self::for_arch)).
     /// The budget keeps the rest visible and bounded; removing them is tracked in
     /// `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
