@@ -346,6 +346,24 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
   logits_as<NEEDS_MASK, false>(p, rows, m, kv_head, k0, lane, s);
 }
 
+// The A fragments of k16 block kk of P (F32Logits or F16Logits after the softmax update), one per
+// m16 tile; with SUM_BY_MMA the block, as f16, also goes to the softmax's row sums.
+template <typename Probs>
+__device__ __forceinline__ void p_block_fragments(const Probs& P, Softmax& softmax, int kk, u32_t (&a)[MMA_Q][4]) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq) {
+    a[mq][0] = P.p_pair(mq, 2 * kk, 0);
+    a[mq][1] = P.p_pair(mq, 2 * kk, 1);
+    a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
+    a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
+    if constexpr (SUM_BY_MMA) {
+      const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
+                           P.sum_pair(mq, 2 * kk + 1, 1)};
+      softmax.accumulate_sums(mq, sa);
+    }
+  }
+}
+
 // O += P V for this warp's rows over the NT * 8 keys of `P` (F32Logits or F16Logits after the
 // softmax update), V rows from `v_base`; with SUM_BY_MMA each k16 block of P, as f16, also goes to
 // the softmax's row sums.
@@ -360,18 +378,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
 #pragma unroll
     for (int kk = 0; kk < NT / 2; ++kk) {
       u32_t a[MMA_Q][4];
-#pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq) {
-        a[mq][0] = P.p_pair(mq, 2 * kk, 0);
-        a[mq][1] = P.p_pair(mq, 2 * kk, 1);
-        a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
-        a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
-        if constexpr (SUM_BY_MMA) {
-          const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
-                               P.sum_pair(mq, 2 * kk + 1, 1)};
-          softmax.accumulate_sums(mq, sa);
-        }
-      }
+      p_block_fragments(P, softmax, kk, a);
       wgmma_fence();
 #pragma unroll
       for (int db = 0; db < VO_NT / 8; ++db) {
@@ -390,18 +397,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     u32_t a[MMA_Q][4];
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq) {
-      a[mq][0] = P.p_pair(mq, 2 * kk, 0);
-      a[mq][1] = P.p_pair(mq, 2 * kk, 1);
-      a[mq][2] = P.p_pair(mq, 2 * kk + 1, 0);
-      a[mq][3] = P.p_pair(mq, 2 * kk + 1, 1);
-      if constexpr (SUM_BY_MMA) {
-        const u32_t sa[4] = {P.sum_pair(mq, 2 * kk, 0), P.sum_pair(mq, 2 * kk, 1), P.sum_pair(mq, 2 * kk + 1, 0),
-                             P.sum_pair(mq, 2 * kk + 1, 1)};
-        softmax.accumulate_sums(mq, sa);
-      }
-    }
+    p_block_fragments(P, softmax, kk, a);
 #pragma unroll
     for (int db = 0; db < VO_NT / 2; ++db) {
       u32_t b[4];
