@@ -18,11 +18,12 @@
 // sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
 // accumulators). On sm_90a a wgmma tile (WGMMA, below) computes both products as warpgroup MMAs
-// instead, over tiles in wgmma's swizzled layout; everything between them is the same code. Tiles wholly masked are skipped; element masks run only
-// on tiles that need them. With f16 accumulators, a sub-tile that needs no transform and no mask
-// and did not overflow goes to the softmax as packed f16 (half the registers; each element
-// widened exactly just before its exponent); the others are widened to f32 32 keys at a time,
-// overflowed elements recomputed with f32 accumulation. When the plan splits the KV range, the
+// instead, over tiles in wgmma's swizzled layout; everything between them is the same code.
+// Tiles wholly masked are skipped; element masks run only on tiles that need them. With f16
+// accumulators, a sub-tile that needs no transform and no mask and did not overflow goes to the
+// softmax as packed f16 (half the registers; each element widened exactly just before its
+// exponent); the others are widened to f32 32 keys at a time, overflowed elements recomputed
+// with f32 accumulation. When the plan splits the KV range, the
 // CTA covers one chunk and writes a partial result for merge_state.cuh instead of the output.
 // Requires: common.cuh, mma.cuh, smem_tile.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
 // variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
@@ -42,8 +43,8 @@ constexpr int KV_STAGES = spec::KV_STAGES;  // K/V buffers: 2, or 1 (SINGLE_BUFF
 constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 // Warpgroup MMA (sm_90a): the CTA's four warps are one warpgroup, S = Q K^T and O += P V are
 // wgmma.m64n64k16 (mma.cuh) over the 128-byte swizzled tiles, and warp w holds rows 16w.. of
-// each m64 tile (cta_row). The softmax, masks and variants see the same fragments as with
-// mma.sync. For now: f32 QK over double-buffered 64-key tiles.
+// each m64 tile (WarpRows). The softmax, masks and variants see the same fragments as with
+// mma.sync. For now: f32 QK over 64-key tiles (one or two K/V buffers).
 constexpr bool WGMMA = spec::WGMMA;
 
 // Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
