@@ -88,10 +88,7 @@ impl TileConfig {
             ..self
         };
         let eligible = arch == Arch::Sm90a
-            && !self.split_keys
-            && self.num_warps == 4
-            && self.kv_tile == 64
-            && self.kv_sub == 64
+            && twin.wgmma_shape()
             && twin.supports_wgmma(dims, qk_accum)
             && (dims.vo() <= 64
                 || self.mma_q == 1
@@ -101,6 +98,13 @@ impl TileConfig {
         } else {
             self
         }
+    }
+
+    /// Whether the tiling itself suits wgmma (always true without it): one warpgroup of row
+    /// warps over whole 64-key tiles.
+    fn wgmma_shape(self) -> bool {
+        !self.wgmma
+            || (self.num_warps == 4 && !self.split_keys && self.kv_tile == 64 && self.kv_sub == 64)
     }
 
     /// The architectures a kernel with this tile compiles for: wgmma tiles sm_90a only.
@@ -167,7 +171,7 @@ impl TileConfig {
             && t.kv_tile % t.kv_sub == 0
             && (!split_keys || (t.kv_tile / t.kv_sub) % t.num_warps == 0)
             && (kv_stages == 2 || (!split_keys && t.kv_sub == t.kv_tile))
-            && (!wgmma || (t.num_warps == 4 && !split_keys && t.kv_tile == 64 && t.kv_sub == 64));
+            && t.wgmma_shape();
         valid.then_some(t)
     }
 
