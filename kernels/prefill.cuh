@@ -41,11 +41,13 @@ constexpr int KV_TILE = spec::KV_TILE;  // keys loaded per barrier
 constexpr int KV_SUB = spec::KV_SUB;    // keys computed at a time (S registers)
 constexpr int KV_STAGES = spec::KV_STAGES;  // K/V buffers: 2, or 1 (SINGLE_BUFFER)
 constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
-// Warpgroup MMA (sm_90a): the CTA's four warps are one warpgroup, S = Q K^T and O += P V are
-// wgmma.m64n64k16 (mma.cuh) over the 128-byte swizzled tiles, and warp w holds rows 16w.. of
-// each m64 tile (WarpRows). The softmax, masks and variants see the same fragments as with
-// mma.sync. For now: f32 QK over 64-key tiles (one or two K/V buffers).
+// Warpgroup MMA (sm_90a): each four warps of the CTA are one warpgroup, which owns MMA_Q m64
+// tiles of its rows; S = Q K^T and O += P V are wgmma.m64n64k16 (mma.cuh) over the 128-byte
+// swizzled tiles, and warp w of a warpgroup holds rows 16w.. of each of its m64 tiles (WarpRows).
+// The softmax, masks and variants see the same fragments as with mma.sync. For now: f32 QK over
+// 64-key tiles (one or two K/V buffers), one or two warpgroups.
 constexpr bool WGMMA = spec::WGMMA;
+constexpr int WARPGROUP_ROWS = MMA_Q * 64;  // a warpgroup's CTA rows with wgmma
 
 // Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
 // landed rows visible to its async proxy (the barrier that follows publishes them CTA-wide).
@@ -78,8 +80,8 @@ static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-til
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
-static_assert(!WGMMA || (NUM_WARPS == 4 && !WARPS_SPLIT_KEYS && KV_SUB == 64 && KV_TILE == 64 && !spec::QK_F16_ACCUM),
-              "wgmma tiles: one warpgroup of row warps, 64-key tiles, f32 QK");
+static_assert(!WGMMA || ((NUM_WARPS == 4 || NUM_WARPS == 8) && !WARPS_SPLIT_KEYS && KV_SUB == 64 && KV_TILE == 64 && !spec::QK_F16_ACCUM),
+              "wgmma tiles: one or two warpgroups of row warps, 64-key tiles, f32 QK");
 // The shared-memory layout of the Q, K and V tiles (smem_tile.cuh): with wgmma, columns of 64
 // elements (wgmma's own swizzled layout; the same as rows at head dim 64), else rows.
 using QTile = SmemTile<QK_CHUNKS, WGMMA ? CTA_Q : 0>;
@@ -141,7 +143,8 @@ __device__ __forceinline__ void for_lane_chunks(int lane, F f) {
 
 // The CTA rows of one warp's fragments. Fragment row r (0 <= r < MMA_Q * 16, m16 tile r / 16) is
 // CTA row first + r with mma.sync (each warp its own block of rows; every warp the same rows with
-// key-split warps); with wgmma, warp w holds rows 16w.. of each m64 tile, first = 16w.
+// key-split warps); with wgmma, warp w of warpgroup g holds rows 16w.. of each of the
+// warpgroup's m64 tiles, first = g * WARPGROUP_ROWS + 16w.
 struct WarpRows {
   int first;
   __device__ __forceinline__ int at(int r) const { return WGMMA ? first + (r / 16) * 64 + r % 16 : first + r; }
@@ -206,8 +209,9 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
 // Bytes between the 8-row groups of a 128-byte swizzled tile (wgmma's stride byte offset).
 constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 
-// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the CTA's rows (this warp's 16
-// rows of it in s[mq]) and k16 step, one m64n64k16 product of the Q rows by the sub-tile's 64 K
+// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the warpgroup's rows (from Q row
+// `q_base` on; this warp's 16 rows of it in s[mq]) and k16 step, one m64n64k16 product of its
+// rows by the sub-tile's 64 K
 // rows, both K-major in shared memory (a k16 step is 32 bytes into a column's swizzled rows, four
 // steps a column). Waits for the products before returning.
 template <int NT>
@@ -568,7 +572,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.kv_head = work.z;
   tile.group = p.group_size;
   tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
-  const WarpRows warp_rows{WARPS_SPLIT_KEYS ? 0 : warp * (WGMMA ? 16 : MMA_Q * 16)};
+  // With wgmma: this warp's warpgroup, and the warp within it (written so that with one
+  // warpgroup the compiler sees 0 and `warp`, which it cannot infer from threadIdx).
+  const int warpgroup = NUM_WARPS > 4 ? warp / 4 : 0;
+  const int warp_in_group = NUM_WARPS > 4 ? warp % 4 : warp;
+  const WarpRows warp_rows{WARPS_SPLIT_KEYS ? 0
+                           : WGMMA        ? warpgroup * WARPGROUP_ROWS + warp_in_group * 16
+                                          : warp * MMA_Q * 16};
 
   RowCoords rows = tile.row_coords(warp_rows, lane);
 
@@ -760,7 +770,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       } else {
         float s[MMA_Q][KV_NT][4];
         if constexpr (WGMMA) {
-          qk_wgmma(q_tile.base, k_sub.base, s);
+          qk_wgmma(q_tile.base + warpgroup * WARPGROUP_ROWS * 128, k_sub.base, s);
         } else {
           qk_f32(frag, k_sub.base, s);
         }

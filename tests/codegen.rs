@@ -190,6 +190,7 @@ fn tiles_round_trip_through_their_labels() {
         "w4q1kv64s16k",
         "w4q1kv64b1",
         "w4q2kv64g",
+        "w8q1kv64g",
         "w4q1kv64b1g",
     ] {
         assert_eq!(TileConfig::parse(label).unwrap().label(), label);
@@ -204,8 +205,9 @@ fn tiles_round_trip_through_their_labels() {
         "x4q1kv64",
         "w4q1kv64s32b1",
         "w4q1kv64s16kb1",
-        // wgmma: one warpgroup of row warps over whole 64-key tiles.
-        "w8q1kv64g",
+        // wgmma: one or two warpgroups of row warps over whole 64-key tiles.
+        "w2q1kv64g",
+        "w6q1kv64g",
         "w4q2kv64s32g",
         "w4q1kv32g",
         "w4q1kv64s16kg",
@@ -276,19 +278,18 @@ fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
 
 #[test]
 fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
-    let twin = |dims: u32, accum, variant: &VariantSpec, label: &str, arch| {
+    let twin = |dims: u32, accum, label: &str, arch| {
         let dims = HeadDims::equal(dims as usize).unwrap();
         TileConfig::parse(label)
             .unwrap()
-            .for_arch(arch, dims, accum, variant)
+            .for_arch(arch, dims, accum)
             .label()
     };
-    let none = VariantSpec::None;
-    let softcap = VariantSpec::SoftCap;
     for (dims, label, expected) in [
         (64, "w4q2kv64", "w4q2kv64g"),
         (64, "w4q1kv64", "w4q1kv64g"),
-        (128, "w4q2kv64", "w4q2kv64g"),
+        // The 128-row tile above head dim 64: two warpgroups of 64 rows.
+        (128, "w4q2kv64", "w8q1kv64g"),
         (128, "w4q1kv64", "w4q1kv64g"),
         (256, "w4q1kv64b1", "w4q1kv64b1g"),
         // Not whole 64-key tiles, or the key-split layout: mma.sync.
@@ -296,38 +297,28 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
         (128, "w4q1kv64s16k", "w4q1kv64s16k"),
         (128, "w4q2kv64s32", "w4q2kv64s32"),
     ] {
-        assert_eq!(
-            twin(dims, QkAccum::F32, &none, label, Arch::Sm90a),
-            expected
-        );
+        assert_eq!(twin(dims, QkAccum::F32, label, Arch::Sm90a), expected);
         // Other targets and f16 QK accumulation keep mma.sync.
-        assert_eq!(twin(dims, QkAccum::F32, &none, label, Arch::Sm80), label);
-        assert_eq!(twin(dims, QkAccum::F16, &none, label, Arch::Sm90a), label);
+        assert_eq!(twin(dims, QkAccum::F32, label, Arch::Sm80), label);
+        assert_eq!(twin(dims, QkAccum::F16, label, Arch::Sm90a), label);
+        // A twin is its own twin.
+        assert_eq!(twin(dims, QkAccum::F32, expected, Arch::Sm90a), expected);
     }
-    // The 128-row head-dim-128 twin would spill with a transform; the 64-row one and head dim
-    // 64 take every variant.
-    assert_eq!(
-        twin(128, QkAccum::F32, &softcap, "w4q2kv64", Arch::Sm90a),
-        "w4q2kv64"
-    );
-    assert_eq!(
-        twin(128, QkAccum::F32, &softcap, "w4q1kv64", Arch::Sm90a),
-        "w4q1kv64g"
-    );
-    assert_eq!(
-        twin(64, QkAccum::F32, &softcap, "w4q2kv64", Arch::Sm90a),
-        "w4q2kv64g"
-    );
-    assert_eq!(
-        twin(
-            128,
-            QkAccum::F32,
-            &VariantSpec::Sinks,
-            "w4q2kv64",
-            Arch::Sm90a
-        ),
-        "w4q2kv64g"
-    );
+    // The twin keeps the rows, keys and buffers that the planner simulated.
+    for dims in HeadDims::all() {
+        for kv in KvCache::ALL {
+            for tile in TileConfig::candidates(dims, QkAccum::F32, kv) {
+                let t = tile.for_arch(Arch::Sm90a, dims, QkAccum::F32);
+                assert_eq!(
+                    (t.cta_q(), t.kv_tile, t.kv_sub, t.kv_stages),
+                    (tile.cta_q(), tile.kv_tile, tile.kv_sub, tile.kv_stages),
+                    "{} -> {}",
+                    tile.label(),
+                    t.label()
+                );
+            }
+        }
+    }
 
     // A twin adds the slack that aligns its tiles to 1024 bytes, compiles for sm_90a only, and
     // the matrix holds one for every twin the planner can pick.
@@ -335,13 +326,16 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
     let g = TileConfig::parse("w4q2kv64g").unwrap();
     let plain = TileConfig::parse("w4q2kv64").unwrap();
     assert_eq!(g.smem_bytes(d128), plain.smem_bytes(d128) + 1024);
+    let two_groups = TileConfig::parse("w8q1kv64g").unwrap();
+    assert_eq!(two_groups.smem_bytes(d128), g.smem_bytes(d128));
+    assert_eq!((two_groups.cta_q(), two_groups.threads()), (128, 256));
     assert!(g.runs_on(Arch::Sm90a) && !g.runs_on(Arch::Sm80) && !g.runs_on(Arch::Sm89));
     assert!(plain.runs_on(Arch::Sm80));
     let matrix = compile_matrix();
     for spec in matrix.iter().filter(|s| !s.tile.wgmma) {
         let t = spec
             .tile
-            .for_arch(Arch::Sm90a, spec.head_dims, spec.qk_accum, &spec.variant);
+            .for_arch(Arch::Sm90a, spec.head_dims, spec.qk_accum);
         assert!(
             !t.wgmma
                 || matrix.iter().any(|m| m.tile == t

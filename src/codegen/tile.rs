@@ -3,7 +3,7 @@
 //! Tile choices are made here, once, in Rust; the CUDA templates only receive the numbers. Each
 //! configuration is checked by `attnforge compile` (registers, no spills) for every kernel.
 
-use super::spec::{KvCache, VariantSpec};
+use super::spec::KvCache;
 use crate::jit::Arch;
 use crate::problem::{HeadDims, QkAccum};
 
@@ -69,30 +69,31 @@ impl TileConfig {
                 && qk_accum == QkAccum::F32)
     }
 
-    /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin (same rows, keys and
-    /// buffers, so the planner's simulation holds for both) where the kernel supports one and
-    /// fits its registers; otherwise this tile. At head dim 128 the 128-row twin keeps 128 f32
-    /// output accumulators and 64 logits in whole 32-register blocks: with a variant that has a
-    /// transform (soft-cap, ALiBi, custom) it spills past
-    /// [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) in some masks (NVRTC 13, sm_90a: up to
-    /// 216 bytes), so there only the variants without one take it.
-    pub fn for_arch(
-        self,
-        arch: Arch,
-        dims: HeadDims,
-        qk_accum: QkAccum,
-        variant: &VariantSpec,
-    ) -> TileConfig {
+    /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin where the kernel supports
+    /// one; otherwise this tile. A twin has the same rows, keys and buffers, so the planner's
+    /// simulation holds for both. It keeps the warps of this tile (one warpgroup), except the
+    /// 128-row tile at head dims above 64, which becomes two warpgroups of 64 rows
+    /// (`w8q1kv64g`): one warpgroup of 128 rows keeps 128 f32 output accumulators and 64 logits
+    /// per thread and spilled past [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) with a
+    /// transforming variant (NVRTC 13, sm_90a: up to 216 bytes); two of 64 rows keep half as many,
+    /// fit 128 registers with two CTAs per SM, and ran faster on the H200 (session 14 run 1, ABBA:
+    /// soft-cap +31%, causal s4096 +3%, bf16 GQA s8192 causal +8%).
+    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum) -> TileConfig {
+        let (num_warps, mma_q) = if self.mma_q == 2 && dims.vo() > 64 {
+            (8, 1)
+        } else {
+            (self.num_warps, self.mma_q)
+        };
         let twin = TileConfig {
+            num_warps,
+            mma_q,
             wgmma: true,
             ..self
         };
         let eligible = arch == Arch::Sm90a
+            && !self.wgmma
             && twin.wgmma_shape()
-            && twin.supports_wgmma(dims, qk_accum)
-            && (dims.vo() <= 64
-                || self.mma_q == 1
-                || matches!(variant, VariantSpec::None | VariantSpec::Sinks));
+            && twin.supports_wgmma(dims, qk_accum);
         if eligible {
             twin
         } else {
@@ -100,11 +101,14 @@ impl TileConfig {
         }
     }
 
-    /// Whether the tiling itself suits wgmma (always true without it): one warpgroup of row
-    /// warps over whole 64-key tiles.
+    /// Whether the tiling itself suits wgmma (always true without it): one or two warpgroups of
+    /// row warps over whole 64-key tiles.
     fn wgmma_shape(self) -> bool {
         !self.wgmma
-            || (self.num_warps == 4 && !self.split_keys && self.kv_tile == 64 && self.kv_sub == 64)
+            || (matches!(self.num_warps, 4 | 8)
+                && !self.split_keys
+                && self.kv_tile == 64
+                && self.kv_sub == 64)
     }
 
     /// The architectures a kernel with this tile compiles for: wgmma tiles sm_90a only.

@@ -9,7 +9,7 @@
 //! query tiles read exceeds L2, the (request, KV head) pairs go in sections of about L2's size,
 //! longest first within each, so that the CTAs resident at one time read K/V that stays in L2.
 
-use crate::codegen::{KvCache, TileConfig, VariantSpec};
+use crate::codegen::{KvCache, TileConfig};
 use crate::jit::Arch;
 use crate::problem::{AttentionProblem, Mask};
 
@@ -201,12 +201,7 @@ pub fn choose_tile_on(
     sm_count: usize,
     arch: Arch,
 ) -> TileConfig {
-    let tile = choose_tile(problem, kv, sm_count);
-    match VariantSpec::for_variant(&problem.variant) {
-        Ok(variant) => tile.for_arch(arch, problem.head_dims, problem.qk_accum, &variant),
-        // No kernel can be built for this variant at all; planning reports why.
-        Err(_) => tile,
-    }
+    choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims, problem.qk_accum)
 }
 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
