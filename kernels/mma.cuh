@@ -7,7 +7,8 @@
 //   C/D f32, 4 registers: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1);
 //   C/D f16, 2 registers: c0 (g, 2t..2t+1), c1 (g+8, 2t..2t+1).
 // Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, ldmatrix_x4(_trans),
-// cp.async.
+// cp.async, and for sm_90a the wgmma products (f32 or f16 accumulators), descriptors, fences and
+// warpgroup_all.
 
 template <typename T>
 __device__ __forceinline__ void mma_f32acc(float c[4], const u32_t a[4], u32_t b0, u32_t b1);
@@ -157,6 +158,31 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[8][4], cons
 AF_WGMMA_SPECIALISE(f16_t, ".f16")
 AF_WGMMA_SPECIALISE(bf16_t, ".bf16")
 #undef AF_WGMMA_SPECIALISE
+
+// d += A B, m64n64k16, f16 inputs and f16 accumulators (rounded to f16 after each product), A and
+// B (K-major) from shared memory: per thread, 8 n8 tiles of two f16x2 registers in the mma.m16n8
+// f16 C layout (row g, then row g + 8).
+__device__ __forceinline__ void wgmma_m64n64k16_ss_f16acc(u32_t (&d)[8][2], u64_t a_desc, u64_t b_desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;"
+      : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[3][0]),
+        "+r"(d[3][1]), "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[6][0]), "+r"(d[6][1]),
+        "+r"(d[7][0]), "+r"(d[7][1])
+      : "l"(a_desc), "l"(b_desc));
+}
+
+// Whether `pred` holds in every thread of this thread's warpgroup (warps 4g..4g + 3), through
+// named barrier 1 + g: a decision that the warpgroup's wgmma products can follow together.
+__device__ __forceinline__ bool warpgroup_all(bool pred, int warpgroup) {
+  u32_t all;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\nbarrier.cta.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}"
+      : "=r"(all)
+      : "r"(static_cast<int>(pred)), "r"(1 + warpgroup)
+      : "memory");
+  return all != 0;
+}
 
 // Makes this thread's earlier shared-memory writes (cp.async copies it has waited for included)
 // visible to the async proxy, in which wgmma reads its shared-memory operands; a barrier then

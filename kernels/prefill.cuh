@@ -80,13 +80,18 @@ static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-til
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
-static_assert(!WGMMA || ((NUM_WARPS == 4 || NUM_WARPS == 8) && !WARPS_SPLIT_KEYS && KV_SUB == 64 && KV_TILE == 64 && !spec::QK_F16_ACCUM),
-              "wgmma tiles: one or two warpgroups of row warps, 64-key tiles, f32 QK");
+static_assert(!WGMMA || ((NUM_WARPS == 4 || NUM_WARPS == 8) && !WARPS_SPLIT_KEYS && KV_SUB == 64 && KV_TILE == 64),
+              "wgmma tiles: one or two warpgroups of row warps, 64-key tiles");
 // The shared-memory layout of the Q, K and V tiles (smem_tile.cuh): with wgmma, columns of 64
 // elements (wgmma's own swizzled layout; the same as rows at head dim 64), else rows.
-using QTile = SmemTile<QK_CHUNKS, WGMMA ? CTA_Q : 0>;
-using KTile = SmemTile<QK_CHUNKS, WGMMA ? KV_TILE : 0>;
-using VTile = SmemTile<VO_CHUNKS, WGMMA ? KV_TILE : 0>;
+constexpr int Q_ATOM_ROWS = WGMMA ? CTA_Q : 0;
+constexpr int KV_ATOM_ROWS = WGMMA ? KV_TILE : 0;
+using QTile = SmemTile<QK_CHUNKS, Q_ATOM_ROWS>;
+using KTile = SmemTile<QK_CHUNKS, KV_ATOM_ROWS>;
+using VTile = SmemTile<VO_CHUNKS, KV_ATOM_ROWS>;
+// CTA rows between a warp's m16 tiles: the next block of 16 with mma.sync, the next m64 tile with
+// wgmma (WarpRows).
+constexpr int M16_ROW_STRIDE = WGMMA ? 64 : 16;
 static_assert(QK_CHUNKS >= VO_CHUNKS, "the output is staged in the Q tile");
 static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-split warps: equal sub-tiles per warp");
 static_assert(!WARPS_SPLIT_KEYS ||
@@ -159,14 +164,16 @@ struct RowCoords {
 
 // This thread's ldmatrix offsets (FragOffsets) in the Q, K and V tiles: Q and V reads take rows
 // lane % 16 and chunk lane / 16 of each 16x16 block, K reads rows (lane / 16) * 8 + lane % 8 and
-// chunk (lane / 8) % 2. Computed once per CTA; the main loop adds only constants to them.
+// chunk (lane / 8) % 2. Computed once per CTA; the main loop adds only constants to them. (With
+// wgmma the products read the tiles by descriptor; the f16-QK overflow fallback reads them so.)
 struct FragAddrs {
   u32_t q_base;  // the warp's first Q row
-  FragOffsets<QK_CHUNKS> q, k;
-  FragOffsets<VO_CHUNKS> v;
+  FragOffsets<QK_CHUNKS, Q_ATOM_ROWS> q;
+  FragOffsets<QK_CHUNKS, KV_ATOM_ROWS> k;
+  FragOffsets<VO_CHUNKS, KV_ATOM_ROWS> v;
 
   __device__ __forceinline__ FragAddrs(u32_t q_tile_base, int warp_row0, int lane)
-      : q_base(q_tile_base + static_cast<u32_t>(warp_row0 * QK_CHUNKS * 16)),
+      : q_base(q_tile_base + static_cast<u32_t>(warp_row0 * QTile::ROW_BYTES)),
         q(lane % 16, lane / 16),
         k((lane / 16) * 8 + lane % 8, (lane / 8) % 2),
         v(lane % 16, lane / 16) {}
@@ -209,11 +216,19 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
 // Bytes between the 8-row groups of a 128-byte swizzled tile (wgmma's stride byte offset).
 constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 
-// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the warpgroup's rows (from Q row
-// `q_base` on; this warp's 16 rows of it in s[mq]) and k16 step, one m64n64k16 product of its
-// rows by the sub-tile's 64 K
-// rows, both K-major in shared memory (a k16 step is 32 bytes into a column's swizzled rows, four
-// steps a column). Waits for the products before returning.
+// The descriptors of k16 step kk of m64 tile mq of S = Q K^T by wgmma: the warpgroup's Q rows (from
+// Q row `q_base` on) by the sub-tile's 64 K rows, both K-major in shared memory (a k16 step is 32
+// bytes into a column's swizzled rows, four steps a column).
+__device__ __forceinline__ void qk_wgmma_descs(u32_t q_base, u32_t k_base, int mq, int kk, u64_t& a, u64_t& b) {
+  const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
+  const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
+  a = wgmma_desc_sw128(q_base + mq * 64 * QTile::ROW_BYTES + q_step, 16, SW128_GROUP_BYTES);
+  b = wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES);
+}
+
+// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the warpgroup's rows (this warp's
+// 16 rows of it in s[mq]) and k16 step, one m64n64k16 product. Waits for the products before
+// returning.
 template <int NT>
 __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
   static_assert(!WGMMA || NT == 8, "one m64n64k16 product per m64 tile and k16 step");
@@ -222,11 +237,26 @@ __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-      const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
-      const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
-      const u64_t a = wgmma_desc_sw128(q_base + mq * 64 * 128 + q_step, 16, SW128_GROUP_BYTES);
-      const u64_t b = wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES);
+      u64_t a, b;
+      qk_wgmma_descs(q_base, k_base, mq, kk, a, b);
       wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+    }
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
+// S = Q K^T with f16 accumulators by wgmma (the same products as qk_wgmma) into `acc`, which the
+// caller has zeroed. Waits for the products before returning.
+__device__ __forceinline__ void qk_wgmma_f16(u32_t q_base, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
+  static_assert(!WGMMA || KV_NT == 8, "one m64n64k16 product per m64 tile and k16 step");
+  wgmma_fence();
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+      u64_t a, b;
+      qk_wgmma_descs(q_base, k_base, mq, kk, a, b);
+      wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b);
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -241,22 +271,29 @@ __device__ __forceinline__ void qk_tile_f32(const FragAddrs& f, u32_t k_base, in
 #pragma unroll 1
   for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
     u32_t a[4], b[4];
-    ldmatrix_x4(a, f.q.at(f.q_base, mq * 16, kk * 2));
+    ldmatrix_x4(a, f.q.at(f.q_base, mq * M16_ROW_STRIDE, kk * 2));
     ldmatrix_x4(b, f.k.at(k_base, (nt / 2) * 16, kk * 2));
     mma_f32acc<DTypeIn>(c, a, b[2 * (nt % 2)], b[2 * (nt % 2) + 1]);
   }
 }
 
-// S = Q K^T with f16 accumulators (rounded to f16 after each k16 step) into `acc`. Returns
-// whether every accumulator of the warp is finite (warp-uniform), at one HFMA2 per accumulator
-// register (a tree of f16x2_nonfinite_or), one compare and one vote.
-__device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
+// S = Q K^T with f16 accumulators (rounded to f16 after each k16 step) into `acc`: mma.sync, or
+// wgmma from the warpgroup's Q rows at `q_group_base`. Returns whether every accumulator of the
+// warp is finite (with wgmma: of the warpgroup, whose warps must then take the same path to their
+// next products), at one HFMA2 per accumulator register (a tree of f16x2_nonfinite_or) and one
+// vote (a warpgroup barrier with wgmma).
+__device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t q_group_base, u32_t k_base, int warpgroup,
+                                       u32_t (&acc)[MMA_Q][KV_NT][2]) {
   constexpr int REGS = MMA_Q * KV_NT * 2;
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) acc[mq][nt][0] = acc[mq][nt][1] = 0u;
-  qk_tiles(f, k_base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
+  if constexpr (WGMMA) {
+    qk_wgmma_f16(q_group_base, k_base, acc);
+  } else {
+    qk_tiles(f, k_base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
+  }
   // Pairwise tree, level l folding register i + 2^l into register i: tree[0] ends up non-finite
   // in a half iff some accumulator half is.
   u32_t tree[REGS];
@@ -266,6 +303,7 @@ __device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t k_base, u32_t (
   for (int l = 0; (1 << l) < REGS; ++l)
 #pragma unroll
     for (int i = 0; i + (1 << l) < REGS; i += 2 << l) tree[i] = f16x2_nonfinite_or(tree[i + (1 << l)], tree[i]);
+  if constexpr (WGMMA) return warpgroup_all(f16x2_finite(tree[0]), warpgroup);
   return !__any_sync(0xffffffffu, !f16x2_finite(tree[0]));
 }
 
@@ -710,6 +748,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
+  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it.
+  const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
@@ -745,12 +785,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     for (int sub = WARPS_SPLIT_KEYS ? warp : 0; sub < KV_TILE / KV_SUB; sub += WARPS_SPLIT_KEYS ? NUM_WARPS : 1) {
       const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
-      // (wgmma tiles compute whole tiles: sub is 0.)
-      const KTile k_sub{k_tile(t).base + sub * KV_SUB * QK_CHUNKS * 16};
-      const VTile v_sub{v_tile(t).base + sub * KV_SUB * VO_CHUNKS * 16};
+      // (wgmma tiles compute whole tiles: sub is 0.) Rows are ROW_BYTES apart in either layout.
+      const KTile k_sub{k_tile(t).base + sub * KV_SUB * KTile::ROW_BYTES};
+      const VTile v_sub{v_tile(t).base + sub * KV_SUB * VTile::ROW_BYTES};
       if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
-        const bool finite = qk_f16(frag, k_sub.base, acc);
+        const bool finite = qk_f16(frag, q_group_base, k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
             !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
@@ -764,13 +804,14 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
             float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
-                              v_sub.base + piece * F16_FLOAT_PIECE * VO_CHUNKS * 16, softmax_scale, softmax, s, o, await_v);
+                              v_sub.base + piece * F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
+                              await_v);
           }
         }
       } else {
         float s[MMA_Q][KV_NT][4];
         if constexpr (WGMMA) {
-          qk_wgmma(q_tile.base + warpgroup * WARPGROUP_ROWS * 128, k_sub.base, s);
+          qk_wgmma(q_group_base, k_sub.base, s);
         } else {
           qk_f32(frag, k_sub.base, s);
         }

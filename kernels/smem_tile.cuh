@@ -29,25 +29,27 @@ struct SmemTile {
   }
 };
 
-// Where one thread's ldmatrix rows sit in a swizzled tile, as one offset computed once. A warp's
-// ldmatrix reads rows row0 + r and chunks chunk0 + c, where r and c (c in {0, 1}) are the
-// thread's own and row0 (a multiple of 8) and chunk0 (even) are compile-time constants once the
-// caller's loops are unrolled. The swizzle changes only the low 3 bits of the chunk index, so
-// (chunk0 + c) ^ (r & 7) = (chunk0 & ~7) + ((c ^ (r & 7)) ^ (chunk0 % 8)): the thread's offset for
-// chunk0 % 8 == 0, XORed with (chunk0 % 8) * 16 (bits 5..6: the row term is a multiple of 128
-// bytes), plus a constant the load takes as an immediate. No per-read swizzle in the main loop.
-template <int ROW_CHUNKS>
+// Where one thread's ldmatrix rows sit in a swizzled tile (either layout), as one offset computed
+// once. A warp's ldmatrix reads rows row0 + r and chunks chunk0 + c, where r and c (c in {0, 1})
+// are the thread's own and row0 (a multiple of 8) and chunk0 (even) are compile-time constants
+// once the caller's loops are unrolled. The swizzle changes only the low 3 bits of the chunk
+// index, so (chunk0 + c) ^ (r & 7) = (chunk0 & ~7) + ((c ^ (r & 7)) ^ (chunk0 % 8)): the thread's
+// offset for chunk0 % 8 == 0, XORed with (chunk0 % 8) * 16 (bits 5..6: the row term is a multiple
+// of 128 bytes), plus a constant the load takes as an immediate. No per-read swizzle in the main
+// loop.
+template <int ROW_CHUNKS, int ATOM_ROWS = 0>
 struct FragOffsets {
+  using Tile = SmemTile<ROW_CHUNKS, ATOM_ROWS>;
   u32_t off;  // bytes from the tile base to (row r, chunk c ^ (r & 7))
 
   __device__ __forceinline__ FragOffsets(int r, int c)
-      : off(static_cast<u32_t>((r * ROW_CHUNKS + (c ^ (r & 7))) * 16)) {}
+      : off(static_cast<u32_t>((r * (Tile::ROW_BYTES / 16) + (c ^ (r & 7))) * 16)) {}
 
-  // The address SmemTile{base}.chunk_addr(row0 + r, chunk0 + c) (row0 % 8 == 0, chunk0 even; any
+  // The address Tile{base}.chunk_addr(row0 + r, chunk0 + c) (row0 % 8 == 0, chunk0 even; any
   // chunk0 when c is 0).
   __device__ __forceinline__ u32_t at(u32_t base, int row0, int chunk0) const {
     return base + (off ^ static_cast<u32_t>((chunk0 % 8) * 16)) +
-           static_cast<u32_t>((row0 * ROW_CHUNKS + (chunk0 & ~7)) * 16);
+           static_cast<u32_t>((row0 * (Tile::ROW_BYTES / 16) + (chunk0 & ~7) * (Tile::GROUP_BYTES / 128)) * 16);
   }
 };
 

@@ -277,18 +277,18 @@ fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
 }
 
 #[test]
-fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
-    let twin = |dims: u32, accum, label: &str, arch| {
+fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles() {
+    let twin = |dims: u32, label: &str, arch| {
         let dims = HeadDims::equal(dims as usize).unwrap();
         TileConfig::parse(label)
             .unwrap()
-            .for_arch(arch, dims, accum)
+            .for_arch(arch, dims)
             .label()
     };
     for (dims, label, expected) in [
-        (64, "w4q2kv64", "w4q2kv64g"),
+        // The 128-row tile: two warpgroups of 64 rows.
+        (64, "w4q2kv64", "w8q1kv64g"),
         (64, "w4q1kv64", "w4q1kv64g"),
-        // The 128-row tile above head dim 64: two warpgroups of 64 rows.
         (128, "w4q2kv64", "w8q1kv64g"),
         (128, "w4q1kv64", "w4q1kv64g"),
         (256, "w4q1kv64b1", "w4q1kv64b1g"),
@@ -297,18 +297,18 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
         (128, "w4q1kv64s16k", "w4q1kv64s16k"),
         (128, "w4q2kv64s32", "w4q2kv64s32"),
     ] {
-        assert_eq!(twin(dims, QkAccum::F32, label, Arch::Sm90a), expected);
-        // Other targets and f16 QK accumulation keep mma.sync.
-        assert_eq!(twin(dims, QkAccum::F32, label, Arch::Sm80), label);
-        assert_eq!(twin(dims, QkAccum::F16, label, Arch::Sm90a), label);
+        assert_eq!(twin(dims, label, Arch::Sm90a), expected);
+        // Other targets keep mma.sync.
+        assert_eq!(twin(dims, label, Arch::Sm80), label);
+        assert_eq!(twin(dims, label, Arch::Sm89), label);
         // A twin is its own twin.
-        assert_eq!(twin(dims, QkAccum::F32, expected, Arch::Sm90a), expected);
+        assert_eq!(twin(dims, expected, Arch::Sm90a), expected);
     }
     // The twin keeps the rows, keys and buffers that the planner simulated.
     for dims in HeadDims::all() {
         for kv in KvCache::ALL {
             for tile in TileConfig::candidates(dims, QkAccum::F32, kv) {
-                let t = tile.for_arch(Arch::Sm90a, dims, QkAccum::F32);
+                let t = tile.for_arch(Arch::Sm90a, dims);
                 assert_eq!(
                     (t.cta_q(), t.kv_tile, t.kv_sub, t.kv_stages),
                     (tile.cta_q(), tile.kv_tile, tile.kv_sub, tile.kv_stages),
@@ -333,9 +333,7 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
     assert!(plain.runs_on(Arch::Sm80));
     let matrix = compile_matrix();
     for spec in matrix.iter().filter(|s| !s.tile.wgmma) {
-        let t = spec
-            .tile
-            .for_arch(Arch::Sm90a, spec.head_dims, spec.qk_accum);
+        let t = spec.tile.for_arch(Arch::Sm90a, spec.head_dims);
         assert!(
             !t.wgmma
                 || matrix.iter().any(|m| m.tile == t
@@ -351,13 +349,26 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles_with_f32_qk() {
     }
     let source = render(&KernelSpec { tile: g, ..base() }).source;
     assert!(source.contains("constexpr bool WGMMA = true;"));
-    // A forced twin the kernel cannot compute is refused, saying what is supported.
-    let p = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d128, DType::F16)
-        .with_qk_accum(QkAccum::F16);
-    match KernelSpec::for_problem(&p, KvCache::Ragged, g) {
-        Err(Error::Unsupported { supported, .. }) => assert!(supported.contains("f32 QK")),
+    // A forced twin the kernel cannot compute is refused, saying what is supported; f16 QK
+    // accumulation has twins too.
+    let d192 = HeadDims::new(192, 128).unwrap();
+    let p = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d192, DType::F16);
+    let g1 = TileConfig::parse("w4q1kv64g").unwrap();
+    match KernelSpec::for_problem(&p, KvCache::Ragged, g1) {
+        Err(Error::Unsupported { supported, .. }) => {
+            assert!(supported.contains("64, 128 and 256"))
+        }
         other => panic!("expected Unsupported, got {other:?}"),
     }
+    let f16qk = AttentionProblem::new(RaggedBatch::single(64, 64).unwrap(), 4, 4, d128, DType::F16)
+        .with_qk_accum(QkAccum::F16);
+    let spec = KernelSpec::for_problem(&f16qk, KvCache::Ragged, g).unwrap();
+    assert!(render(&spec)
+        .source
+        .contains("constexpr bool QK_F16_ACCUM = true;"));
+    assert!(matrix
+        .iter()
+        .any(|m| m.qk_accum == QkAccum::F16 && m.tile.label() == "w8q1kv64g"));
 }
 
 #[test]

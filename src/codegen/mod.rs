@@ -77,7 +77,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                     for variant in &variants {
                         for kv in KvCache::ALL {
                             for tile in TileConfig::candidates(head_dims, qk_accum, kv) {
-                                let wgmma = tile.for_arch(Arch::Sm90a, head_dims, qk_accum);
+                                let wgmma = tile.for_arch(Arch::Sm90a, head_dims);
                                 let twin = (wgmma != tile).then_some(wgmma);
                                 for tile in std::iter::once(tile).chain(twin) {
                                     specs.push(KernelSpec {

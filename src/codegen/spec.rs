@@ -159,17 +159,11 @@ impl KernelSpec {
                 supported: "one K/V buffer (a `b1` tile) over ragged K/V only".into(),
             });
         }
-        if !tile.supports_wgmma(problem.head_dims, problem.qk_accum) {
+        if !tile.supports_wgmma(problem.head_dims) {
             return Err(Error::Unsupported {
                 backend: "cuda",
-                what: format!(
-                    "tile {} for head dims {} with {} QK accumulation",
-                    tile.label(),
-                    problem.head_dims,
-                    problem.qk_accum.name()
-                ),
-                supported: "wgmma (`g`) tiles: head dims 64, 128 and 256 with f32 QK accumulation"
-                    .into(),
+                what: format!("tile {} for head dims {}", tile.label(), problem.head_dims),
+                supported: "wgmma (`g`) tiles: head dims 64, 128 and 256".into(),
             });
         }
         let variant = VariantSpec::for_variant(&problem.variant)?;

@@ -60,26 +60,23 @@ impl TileConfig {
         self.cta_q() * qk_row + self.kv_stages * self.kv_tile * (qk_row + vo_row) + align_slack
     }
 
-    /// Whether this tile can compute a kernel with these head dims and QK accumulation: always
-    /// without wgmma; with it, head dims 64, 128 and 256 with f32 QK accumulation. (f16 QK on
-    /// wgmma, tried in session 13, failed a verify case and gained only 5% at head dim 128.)
-    pub fn supports_wgmma(self, dims: HeadDims, qk_accum: QkAccum) -> bool {
-        !self.wgmma
-            || (matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
-                && qk_accum == QkAccum::F32)
+    /// Whether this tile can compute a kernel with these head dims: always without wgmma; with
+    /// it, head dims 64, 128 and 256 (either QK accumulation).
+    pub fn supports_wgmma(self, dims: HeadDims) -> bool {
+        !self.wgmma || matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin where the kernel supports
     /// one; otherwise this tile. A twin has the same rows, keys and buffers, so the planner's
     /// simulation holds for both. It keeps the warps of this tile (one warpgroup), except the
-    /// 128-row tile at head dims above 64, which becomes two warpgroups of 64 rows
-    /// (`w8q1kv64g`): one warpgroup of 128 rows keeps 128 f32 output accumulators and 64 logits
-    /// per thread and spilled past [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) with a
-    /// transforming variant (NVRTC 13, sm_90a: up to 216 bytes); two of 64 rows keep half as many,
-    /// fit 128 registers with two CTAs per SM, and ran faster on the H200 (session 14 run 1, ABBA:
-    /// soft-cap +31%, causal s4096 +3%, bf16 GQA s8192 causal +8%).
-    pub fn for_arch(self, arch: Arch, dims: HeadDims, qk_accum: QkAccum) -> TileConfig {
-        let (num_warps, mma_q) = if self.mma_q == 2 && dims.vo() > 64 {
+    /// 128-row tile, which becomes two warpgroups of 64 rows (`w8q1kv64g`): at head dim 128 one
+    /// warpgroup of 128 rows keeps 128 f32 output accumulators and 64 logits per thread and
+    /// spilled past [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) with a transforming variant
+    /// (NVRTC 13, sm_90a: up to 216 bytes); two of 64 rows keep half as many, fit 128 registers
+    /// with two CTAs per SM, and ran faster on the H200 (session 14 run 1, ABBA: soft-cap +31%,
+    /// causal s4096 +3%, bf16 GQA s8192 causal +8%; run 2, forced, head dim 64: +1.4% to +5%).
+    pub fn for_arch(self, arch: Arch, dims: HeadDims) -> TileConfig {
+        let (num_warps, mma_q) = if self.mma_q == 2 {
             (8, 1)
         } else {
             (self.num_warps, self.mma_q)
@@ -90,10 +87,8 @@ impl TileConfig {
             wgmma: true,
             ..self
         };
-        let eligible = arch == Arch::Sm90a
-            && !self.wgmma
-            && twin.wgmma_shape()
-            && twin.supports_wgmma(dims, qk_accum);
+        let eligible =
+            arch == Arch::Sm90a && !self.wgmma && twin.wgmma_shape() && twin.supports_wgmma(dims);
         if eligible {
             twin
         } else {

@@ -201,7 +201,7 @@ pub fn choose_tile_on(
     sm_count: usize,
     arch: Arch,
 ) -> TileConfig {
-    choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims, problem.qk_accum)
+    choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims)
 }
 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
