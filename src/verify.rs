@@ -74,6 +74,12 @@ pub trait Backend {
         let _ = (problem, q, k, v);
         None
     }
+    /// Why the backend can run nothing more, or `None` (the default) while it can: the CUDA
+    /// backend after an error that poisons its context (an illegal address in a kernel), which
+    /// every later call would repeat. Asked after a failed case.
+    fn lost(&self) -> Option<String> {
+        None
+    }
     /// Merges partial states of one `shape` (each `o [rows, heads, head_dim]` in one dtype with
     /// its f32 `lse [rows, heads]`) into one; returns the merged `(o, lse)`.
     fn merge_states(
@@ -126,12 +132,16 @@ impl Oracle {
 }
 
 /// Totals of a run.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Summary {
     /// Cases that passed.
     pub passed: usize,
     /// Cases that failed.
     pub failed: usize,
+    /// Cases not run because the backend was lost ([`Backend::lost`]) before them.
+    pub not_run: usize,
+    /// Why the run stopped early: the failed case after which the backend was lost, and why.
+    pub stopped: Option<String>,
 }
 
 /// `n` rows `(query token, query head)` of `p` spread over its tokens, the first and the last
@@ -339,21 +349,27 @@ pub fn run_merge_case(backend: &dyn Backend, case: &MergeCase) -> CaseResult {
     }
 }
 
-/// Runs every case, reporting each result to `report` as it comes.
+/// Runs every case, reporting each result to `report` as it comes; stops after a failed case
+/// that leaves the backend lost ([`Backend::lost`]), counting the rest as not run.
 pub fn run_cases(
     backend: &dyn Backend,
     cases: &[Case],
     mut report: impl FnMut(&CaseResult),
 ) -> Summary {
     let mut summary = Summary::default();
-    for case in cases {
+    for (i, case) in cases.iter().enumerate() {
         let result = run_case(backend, case);
+        report(&result);
         if result.passed {
             summary.passed += 1;
-        } else {
-            summary.failed += 1;
+            continue;
         }
-        report(&result);
+        summary.failed += 1;
+        if let Some(why) = backend.lost() {
+            summary.not_run = cases.len() - i - 1;
+            summary.stopped = Some(format!("after {}: {why}", case.name));
+            break;
+        }
     }
     summary
 }
@@ -366,10 +382,11 @@ mod tests {
     use crate::testing::{cases, BackendCaps, Suite};
 
     /// The CPU backend with a "full reference" that is the exact reference rounded to f32, its
-    /// `o` scaled by `1 + error` (0: a correct full reference).
+    /// `o` scaled by `1 + error` (0: a correct full reference); `lost`: it says it is lost.
     struct WithFullReference {
         cpu: CpuBackend,
         error: f32,
+        lost: bool,
     }
 
     impl Backend for WithFullReference {
@@ -428,6 +445,9 @@ mod tests {
         ) -> Result<(HostTensor, Vec<f32>), Error> {
             self.cpu.merge_states(shape, states)
         }
+        fn lost(&self) -> Option<String> {
+            self.lost.then(|| "the test backend is lost".to_string())
+        }
     }
 
     /// A small ragged f16 case of the quick suite.
@@ -447,6 +467,7 @@ mod tests {
         let backend = WithFullReference {
             cpu: CpuBackend::detect(),
             error: 0.0,
+            lost: false,
         };
         let r = run_case_with_limit(&backend, &small_case(), 0);
         assert_eq!(r.oracle, Oracle::FullReference);
@@ -470,6 +491,7 @@ mod tests {
         let backend = WithFullReference {
             cpu: CpuBackend::detect(),
             error: 1e-3,
+            lost: false,
         };
         let case = small_case();
         let large = run_case_with_limit(&backend, &case, 0);
@@ -491,5 +513,36 @@ mod tests {
         let r = run_case_with_limit(&CpuBackend::detect(), &case, usize::MAX);
         assert_eq!(r.oracle, Oracle::Exact);
         assert!(r.passed && r.also.is_empty(), "{r:?}");
+    }
+
+    #[test]
+    fn a_lost_backend_stops_the_run_after_the_failed_case() {
+        let cases = vec![small_case(), small_case(), small_case()];
+        let failing = |lost| WithFullReference {
+            cpu: CpuBackend::detect(),
+            error: 1e-3,
+            lost,
+        };
+        let mut reported = 0;
+        let summary = run_cases(&failing(true), &cases, |_| reported += 1);
+        assert_eq!((summary.passed, summary.failed, summary.not_run), (0, 1, 2));
+        assert_eq!(reported, 1);
+        let why = summary.stopped.expect("stopped");
+        assert!(
+            why.contains(&cases[0].name) && why.contains("lost"),
+            "{why}"
+        );
+        // A failure that leaves the backend usable runs on.
+        let summary = run_cases(&failing(false), &cases, |_| {});
+        assert_eq!((summary.failed, summary.not_run), (3, 0));
+        assert!(summary.stopped.is_none());
+        // Nor does a lost backend stop a run whose cases pass (it is asked after failures only).
+        let passing = WithFullReference {
+            cpu: CpuBackend::detect(),
+            error: 0.0,
+            lost: true,
+        };
+        let summary = run_cases(&passing, &cases, |_| {});
+        assert_eq!((summary.passed, summary.not_run), (3, 0));
     }
 }

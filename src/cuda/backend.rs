@@ -192,6 +192,15 @@ impl Backend for CudaBackend {
         self.engine.paged_host(p, q, cache, mode, options)
     }
 
+    /// Lost when the stream no longer synchronises: a kernel's illegal address (or another
+    /// sticky error) poisons the context, and every later call fails with it.
+    fn lost(&self) -> Option<String> {
+        self.engine
+            .synchronize()
+            .err()
+            .map(|e| format!("the CUDA context is unusable ({e})"))
+    }
+
     /// Two states go through [`Engine::merge_state`] (separate tensors), any other number
     /// through [`Engine::merge_states`] (stored together, `[rows, n, heads, head_dim]`); the
     /// outputs are NaN before the launch.

@@ -101,14 +101,29 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     let mut summary = run_cases(backend.as_ref(), &selected, |r| {
         report(r, args.seed, args.verbose)
     });
-    for case in &merges {
-        let result = run_merge_case(backend.as_ref(), case);
-        report(&result, args.seed, args.verbose);
-        if result.passed {
-            summary.passed += 1;
-        } else {
-            summary.failed += 1;
+    if summary.stopped.is_some() {
+        summary.not_run += merges.len();
+    } else {
+        for case in &merges {
+            let result = run_merge_case(backend.as_ref(), case);
+            report(&result, args.seed, args.verbose);
+            if result.passed {
+                summary.passed += 1;
+            } else {
+                summary.failed += 1;
+            }
         }
+    }
+    if let Some(why) = &summary.stopped {
+        println!(
+            "stopped {why}; the {} cases after it were not run",
+            summary.not_run
+        );
+        println!(
+            "{} passed, {} failed, {} not run",
+            summary.passed, summary.failed, summary.not_run
+        );
+        return ExitCode::FAILURE;
     }
     println!("{} passed, {} failed", summary.passed, summary.failed);
     if summary.failed == 0 {
