@@ -23,8 +23,10 @@
 // accumulators, a sub-tile that needs no transform and no mask and did not overflow goes to the
 // softmax as packed f16 (half the registers; each element widened exactly just before its
 // exponent); the others are widened to f32 32 keys at a time, overflowed elements recomputed
-// with f32 accumulation. When the plan splits the KV range, the
-// CTA covers one chunk and writes a partial result for merge_state.cuh instead of the output.
+// with f32 accumulation (mma.sync, n8 tile by n8 tile; with wgmma "did not overflow" is decided
+// for the whole warpgroup, whose warps then issue the same products). When the plan splits the
+// KV range, the CTA covers one chunk and writes a partial result for merge_state.cuh instead of
+// the output.
 // Requires: common.cuh, mma.cuh, smem_tile.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
 // variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
 
@@ -44,7 +46,7 @@ constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 // Warpgroup MMA (sm_90a): each four warps of the CTA are one warpgroup, which owns MMA_Q m64
 // tiles of its rows; S = Q K^T and O += P V are wgmma.m64n64k16 (mma.cuh) over the 128-byte
 // swizzled tiles, and warp w of a warpgroup holds rows 16w.. of each of its m64 tiles (WarpRows).
-// The softmax, masks and variants see the same fragments as with mma.sync. For now: f32 QK over
+// The softmax, masks and variants see the same fragments as with mma.sync. Either QK accumulation,
 // 64-key tiles (one or two K/V buffers), one or two warpgroups.
 constexpr bool WGMMA = spec::WGMMA;
 constexpr int WARPGROUP_ROWS = MMA_Q * 64;  // a warpgroup's CTA rows with wgmma
