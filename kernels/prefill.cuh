@@ -218,50 +218,43 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
 // Bytes between the 8-row groups of a 128-byte swizzled tile (wgmma's stride byte offset).
 constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 
-// The descriptors of k16 step kk of m64 tile mq of S = Q K^T by wgmma: the warpgroup's Q rows (from
-// Q row `q_base` on) by the sub-tile's 64 K rows, both K-major in shared memory (a k16 step is 32
-// bytes into a column's swizzled rows, four steps a column).
-__device__ __forceinline__ void qk_wgmma_descs(u32_t q_base, u32_t k_base, int mq, int kk, u64_t& a, u64_t& b) {
-  const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
-  const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
-  a = wgmma_desc_sw128(q_base + mq * 64 * QTile::ROW_BYTES + q_step, 16, SW128_GROUP_BYTES);
-  b = wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES);
+// The products of S = Q K^T by wgmma: for each m64 tile mq of the warpgroup's rows (from Q row
+// `q_base` on; this warp's 16 rows of it in the accumulator of tile mq) and k16 step kk,
+// `product(mq, kk, a, b)` issues one m64n64k16 product of the descriptors a (Q) and b (the
+// sub-tile's 64 K rows), both K-major in shared memory (a k16 step is 32 bytes into a column's
+// swizzled rows, four steps a column). Waits for the products before returning.
+template <typename Product>
+__device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Product product) {
+  wgmma_fence();
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
+      const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
+      const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
+      product(mq, kk, wgmma_desc_sw128(q_base + mq * 64 * QTile::ROW_BYTES + q_step, 16, SW128_GROUP_BYTES),
+              wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES));
+    }
+  wgmma_commit();
+  wgmma_wait<0>();
 }
 
-// S = Q K^T with f32 accumulators by wgmma: for each m64 tile of the warpgroup's rows (this warp's
-// 16 rows of it in s[mq]) and k16 step, one m64n64k16 product. Waits for the products before
-// returning.
+// S = Q K^T with f32 accumulators by wgmma.
 template <int NT>
 __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
   static_assert(!WGMMA || NT == 8, "one m64n64k16 product per m64 tile and k16 step");
-  wgmma_fence();
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-      u64_t a, b;
-      qk_wgmma_descs(q_base, k_base, mq, kk, a, b);
-      wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
-    }
-  wgmma_commit();
-  wgmma_wait<0>();
+  qk_wgmma_products(q_base, k_base, [&](int mq, int kk, u64_t a, u64_t b) {
+    wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+  });
 }
 
-// S = Q K^T with f16 accumulators by wgmma (the same products as qk_wgmma) into `acc`, which the
-// caller has zeroed. Waits for the products before returning.
+// S = Q K^T with f16 accumulators by wgmma (the same products) into `acc`, which the caller has
+// zeroed.
 __device__ __forceinline__ void qk_wgmma_f16(u32_t q_base, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
   static_assert(!WGMMA || KV_NT == 8, "one m64n64k16 product per m64 tile and k16 step");
-  wgmma_fence();
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
-      u64_t a, b;
-      qk_wgmma_descs(q_base, k_base, mq, kk, a, b);
-      wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b);
-    }
-  wgmma_commit();
-  wgmma_wait<0>();
+  qk_wgmma_products(q_base, k_base, [&](int mq, int, u64_t a, u64_t b) {
+    wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b);
+  });
 }
 
 // One m16n8 tile of S = Q K^T with f32 accumulators: m16 tile `mq`, n8 tile `nt` of the sub-tile

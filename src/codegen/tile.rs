@@ -27,7 +27,7 @@ pub struct TileConfig {
     /// with one sub-tile per tile).
     pub kv_stages: u32,
     /// Whether S = Q K^T and O += P V run as Hopper warpgroup MMAs (`wgmma`, sm_90a only) rather
-    /// than `mma.sync`: one warpgroup of row warps over 64-key sub-tiles, for the kernels
+    /// than `mma.sync`: one or two warpgroups of row warps over 64-key sub-tiles, for the kernels
     /// [`supports_wgmma`](Self::supports_wgmma) allows.
     pub wgmma: bool,
 }
@@ -135,7 +135,7 @@ impl TileConfig {
     }
 
     /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
-    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w4q2kv64g`); `None` for anything else or a tiling the
+    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w8q1kv64g`); `None` for anything else or a tiling the
     /// kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
         let (s, wgmma) = match s.strip_suffix('g') {
