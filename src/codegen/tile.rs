@@ -242,10 +242,12 @@ impl TileConfig {
     /// soft-cap's small form): 165 spill, all D=128 `w4q2kv64` (88 for sm_90a, 77 for sm_80), at
     /// most 84 bytes of stores; the f32-QK custom-mask kernels reload 128 bytes, at the budget.
     /// Session 13 adds the sm_90a wgmma twins: 18 of the 272 head-dim-64 and 128 twins spill
-    /// (all at head dim 128), at most 32 bytes; the 128-row twin with a transforming variant
-    /// would exceed the budget, so the planner does not take it ([`for_arch`](Self::for_arch)).
-    /// The budget keeps the rest visible and bounded; removing them is tracked in
-    /// `docs/perf-notes.md`.
+    /// (all at head dim 128), at most 32 bytes. Session 14 (two warpgroups for the 128-row twin,
+    /// every variant; f16 QK twins): 1982 sm_90a kernels, 145 spill: the 88 mma.sync `w4q2kv64`
+    /// ones above (no longer planned on sm_90a, which takes their twins), 55 `w8q1kv64g` (at 128
+    /// registers; at most 80 bytes of stores and 60 of loads, the custom-mask kernels with a
+    /// transform) and 2 `w4q1kv64b1g` (8 bytes). The budget keeps the rest visible and bounded;
+    /// removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
