@@ -246,7 +246,7 @@ impl TileConfig {
     /// every variant; f16 QK twins): 1982 sm_90a kernels, 145 spill: the 88 mma.sync `w4q2kv64`
     /// ones above (no longer planned on sm_90a, which takes their twins), 55 `w8q1kv64g` (at 128
     /// registers; at most 80 bytes of stores and 60 of loads, the custom-mask kernels with a
-    /// transform) and 2 `w4q1kv64b1g` (8 bytes). The budget keeps the rest visible and bounded;
+    /// transform) and 2 `w4q1kv64b1g` (4 bytes). The budget keeps the rest visible and bounded;
     /// removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
