@@ -37,6 +37,10 @@ pub struct Args {
     /// Print one JSON document on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also print each kernel's compiler log (warnings and ptxas' report, including its notes on
+    /// serialized wgmma), after the table or as a `log` field of the JSON.
+    #[arg(long)]
+    log: bool,
 }
 
 /// One row of the report.
@@ -57,6 +61,9 @@ struct Row {
     allow_spill: bool,
     /// The compiler log for failures (verbatim, snippet lines mapped).
     error: Option<String>,
+    /// The compiler log of a kernel that compiled (with `--log`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log: Option<String>,
 }
 
 #[derive(Serialize, Default)]
@@ -109,7 +116,7 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
     let rows: Vec<Row> = results
         .into_iter()
         .zip(batch.iter().zip(budgets))
-        .map(|(r, (job, budget))| row(job, budget, r))
+        .map(|(r, (job, budget))| row(job, budget, r, args.log))
         .collect();
     let summary = summarize(&rows, start.elapsed());
     if args.json {
@@ -206,7 +213,7 @@ fn job(k: &Unit, arch: Arch) -> BatchJob {
     }
 }
 
-fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>) -> Row {
+fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>, log: bool) -> Row {
     match result {
         Ok(out) => {
             let r = &out.kernel.report;
@@ -228,6 +235,7 @@ fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>) -
                 shared_bytes: Some(r.shared_bytes),
                 allow_spill,
                 error: None,
+                log: log.then(|| out.kernel.log.clone()),
             }
         }
         Err(e) => Row {
@@ -242,6 +250,7 @@ fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>) -
             shared_bytes: None,
             allow_spill: false,
             error: Some(e.to_string()),
+            log: None,
         },
     }
 }
@@ -316,6 +325,11 @@ fn print_table(rows: &[Row], s: &Summary, cache_dir: Option<String>) {
             spill,
             opt(r.shared_bytes),
         );
+    }
+    for r in rows {
+        if let Some(log) = &r.log {
+            println!("\n{} {}: compiler log\n{}", r.name, r.arch, log.trim_end());
+        }
     }
     for r in rows.iter().filter(|r| r.error.is_some()) {
         eprintln!(
