@@ -9,6 +9,13 @@
 //! ptxas info    : Used 32 registers, used 0 barriers, 1592 bytes cumulative stack size
 //! ```
 //!
+//! On sm_90a ptxas also says when it could not pipeline a function's warpgroup MMAs and issued
+//! each one only after the one before had completed (real output, NVRTC 13.0):
+//!
+//! ```text
+//! ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function 'k'
+//! ```
+//!
 //! "Function properties" blocks also appear for non-inlined device functions (mangled names);
 //! their spills count towards the program's total, since they run inside the kernel. The
 //! `Used ...` line belongs to the entry function announced last.
@@ -36,6 +43,9 @@ pub struct FunctionResources {
     pub spill_store_bytes: u64,
     /// Bytes loaded back from those spills.
     pub spill_load_bytes: u64,
+    /// Why ptxas serialized the function's wgmma instructions, when it did (its own words, e.g.
+    /// `insufficient register resources`).
+    pub wgmma_serialized: Option<String>,
 }
 
 /// The resources of one compiled kernel: its entry function's figures, plus spill totals over
@@ -56,6 +66,9 @@ pub struct ResourceReport {
     pub spill_store_bytes: u64,
     /// Spill loads summed over all functions, bytes.
     pub spill_load_bytes: u64,
+    /// Why ptxas serialized the entry's wgmma instructions, when it did: each waits for the one
+    /// before to complete, a performance loss the kernel's figures above do not show.
+    pub wgmma_serialized: Option<String>,
     /// Every function ptxas reported, in log order.
     pub functions: Vec<FunctionResources>,
 }
@@ -81,6 +94,7 @@ impl ResourceReport {
             stack_frame_bytes: e.stack_frame_bytes,
             spill_store_bytes: functions.iter().map(|f| f.spill_store_bytes).sum(),
             spill_load_bytes: functions.iter().map(|f| f.spill_load_bytes).sum(),
+            wgmma_serialized: e.wgmma_serialized,
             functions,
         })
     }
@@ -89,6 +103,7 @@ impl ResourceReport {
 const ENTRY_MARKER: &str = "Compiling entry function '";
 const PROPERTIES_MARKER: &str = "Function properties for ";
 const USED_MARKER: &str = "Used ";
+const SERIALIZED_MARKER: &str = "wgmma.mma_async instructions are serialized due to ";
 
 /// Parses every function's figures from a program log, in log order. Lines that are not part
 /// of ptxas' report are ignored.
@@ -98,7 +113,12 @@ pub fn parse(log: &str) -> Vec<FunctionResources> {
     let mut properties_of: Option<usize> = None;
     let mut current_entry: Option<usize> = None;
     for line in log.lines().filter(|l| l.starts_with("ptxas")) {
-        if let Some(rest) = after(line, ENTRY_MARKER) {
+        if let Some(rest) = after(line, SERIALIZED_MARKER) {
+            if let Some((reason, name)) = serialization(rest) {
+                let i = index_of(&mut out, name);
+                out[i].wgmma_serialized = Some(reason.to_string());
+            }
+        } else if let Some(rest) = after(line, ENTRY_MARKER) {
             let name = rest.split('\'').next().unwrap_or_default();
             let i = index_of(&mut out, name);
             out[i].is_entry = true;
@@ -131,6 +151,24 @@ pub fn parse(log: &str) -> Vec<FunctionResources> {
         }
     }
     out
+}
+
+/// The reason and the function of a wgmma serialization note, from the text after "serialized
+/// due to ": `insufficient register resources for the function 'k'` gives the reason and `k`
+/// (ptxas words some reasons "... in the function 'k'").
+fn serialization(rest: &str) -> Option<(&str, &str)> {
+    let quoted = rest.strip_suffix('\'')?;
+    let open = quoted.rfind('\'')?;
+    let name = &quoted[open + 1..];
+    let reason = quoted[..open]
+        .trim_end()
+        .strip_suffix("the function")?
+        .trim_end();
+    let reason = reason
+        .strip_suffix(" for")
+        .or_else(|| reason.strip_suffix(" in"))
+        .unwrap_or(reason);
+    Some((reason, name))
 }
 
 fn saturate(v: u64) -> u32 {
@@ -231,6 +269,46 @@ ptxas info    : Compile time = 184.187 ms
         assert_eq!(r.stack_frame_bytes, 1592);
         assert_eq!((r.spill_store_bytes, r.spill_load_bytes), (3172, 4148));
         assert!(r.spills());
+    }
+
+    /// Real NVRTC 13.0 output, sm_90a: a prefill kernel whose wgmma ptxas serialized (the log of
+    /// attnforge_prefill_f16_of16_qkf32_d128x128_none_none_ragged_w8q1kv64g at f93fea4, names
+    /// shortened), and a second note worded with "in the function".
+    const SERIALIZED: &str = "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function 'k'
+ptxas info    : 229 bytes gmem
+ptxas info    : Compiling entry function 'k_merge' for 'sm_90a'
+ptxas info    : Function properties for k_merge
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 72 registers, used 0 barriers
+ptxas info    : Compiling entry function 'k' for 'sm_90a'
+ptxas info    : Function properties for k
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 126 registers, used 1 barriers
+ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'other'
+";
+
+    #[test]
+    fn serialized_wgmma_is_reported_for_its_function() {
+        let fs = parse(SERIALIZED);
+        let k = ResourceReport::for_entry("k", fs.clone()).unwrap();
+        assert_eq!(k.registers, 126);
+        assert_eq!(
+            k.wgmma_serialized.as_deref(),
+            Some("insufficient register resources")
+        );
+        let merge = ResourceReport::for_entry("k_merge", fs.clone()).unwrap();
+        assert_eq!(merge.wgmma_serialized, None);
+        let other = fs.iter().find(|f| f.name == "other").unwrap();
+        assert_eq!(
+            other.wgmma_serialized.as_deref(),
+            Some("the presence of Extern calls")
+        );
+        assert_eq!(
+            ResourceReport::for_entry("add", parse(TWO_KERNELS))
+                .unwrap()
+                .wgmma_serialized,
+            None
+        );
     }
 
     #[test]

@@ -58,6 +58,8 @@ struct Row {
     spill_store_bytes: Option<u64>,
     spill_load_bytes: Option<u64>,
     shared_bytes: Option<u64>,
+    /// Why ptxas serialized the kernel's wgmma instructions, when it did.
+    wgmma_serialized: Option<String>,
     allow_spill: bool,
     /// The compiler log for failures (verbatim, snippet lines mapped).
     error: Option<String>,
@@ -74,6 +76,8 @@ struct Summary {
     failed: usize,
     spilling: usize,
     spilling_not_allowed: usize,
+    /// Kernels whose wgmma instructions ptxas serialized (reported, not a failure).
+    wgmma_serialized: usize,
     wall_s: f64,
     compile_s_sum: f64,
 }
@@ -233,6 +237,7 @@ fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>, l
                 spill_store_bytes: Some(r.spill_store_bytes),
                 spill_load_bytes: Some(r.spill_load_bytes),
                 shared_bytes: Some(r.shared_bytes),
+                wgmma_serialized: r.wgmma_serialized.clone(),
                 allow_spill,
                 error: None,
                 log: log.then(|| out.kernel.log.clone()),
@@ -248,6 +253,7 @@ fn row(job: &BatchJob, spill_budget: u32, result: Result<JitOutput, JitError>, l
             spill_store_bytes: None,
             spill_load_bytes: None,
             shared_bytes: None,
+            wgmma_serialized: None,
             allow_spill: false,
             error: Some(e.to_string()),
             log: None,
@@ -273,6 +279,9 @@ fn summarize(rows: &[Row], wall: Duration) -> Summary {
                 s.compiled += 1;
                 s.compile_s_sum += r.compile_s.unwrap_or(0.0);
             }
+        }
+        if r.wgmma_serialized.is_some() {
+            s.wgmma_serialized += 1;
         }
         if spills(r) {
             s.spilling += 1;
@@ -312,6 +321,10 @@ fn print_table(rows: &[Row], s: &Summary, cache_dir: Option<String>) {
         } else {
             "ok"
         };
+        let status = match &r.wgmma_serialized {
+            Some(why) => format!("{status}; wgmma serialized ({why})"),
+            None => status.to_string(),
+        };
         let spill = match (r.spill_store_bytes, r.spill_load_bytes) {
             (Some(st), Some(ld)) => format!("{st}/{ld}"),
             _ => "-".into(),
@@ -341,7 +354,7 @@ fn print_table(rows: &[Row], s: &Summary, cache_dir: Option<String>) {
     }
     println!(
         "\n{} kernels: {} compiled ({:.1} s of NVRTC time), {} cached, {} failed, {} spilling \
-         ({} not allowed); {:.1} s wall",
+         ({} not allowed), {} with serialized wgmma; {:.1} s wall",
         s.kernels,
         s.compiled,
         s.compile_s_sum,
@@ -349,6 +362,7 @@ fn print_table(rows: &[Row], s: &Summary, cache_dir: Option<String>) {
         s.failed,
         s.spilling,
         s.spilling_not_allowed,
+        s.wgmma_serialized,
         s.wall_s
     );
     match cache_dir {
