@@ -111,6 +111,23 @@ __device__ __forceinline__ u64_t wgmma_desc_sw128(u32_t addr, u32_t lead_bytes, 
          (static_cast<u64_t>(group_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// A descriptor built once for an operand's base address, then advanced to each k16 step or
+// column block with one integer add to its low word (`at`), instead of building each product's
+// descriptor from its address (five or six instructions, most of a product's issue cost). The
+// low 14 bits hold address / 16; shared addresses stay below 2^18 (228 KiB at most), so
+// base / 16 + bytes / 16 < 2^14 and the add never carries into the leading byte offset above.
+struct WgmmaDesc {
+  u32_t lo, hi;
+  __device__ __forceinline__ static WgmmaDesc sw128(u32_t addr, u32_t lead_bytes, u32_t group_bytes) {
+    const u64_t d = wgmma_desc_sw128(addr, lead_bytes, group_bytes);
+    return {static_cast<u32_t>(d), static_cast<u32_t>(d >> 32)};
+  }
+  // The descriptor of the operand `bytes` (a multiple of 16) past the base.
+  __device__ __forceinline__ u64_t at(u32_t bytes) const {
+    return (static_cast<u64_t>(hi) << 32) | static_cast<u64_t>(lo + (bytes >> 4));
+  }
+};
+
 // Orders this thread's earlier register writes before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -225,6 +225,8 @@ constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 // swizzled rows, four steps a column). Waits for the products before returning.
 template <typename Product>
 __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Product product) {
+  const WgmmaDesc q = WgmmaDesc::sw128(q_base, 16, SW128_GROUP_BYTES);
+  const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
   wgmma_fence();
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
@@ -232,8 +234,7 @@ __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Pr
     for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
       const u32_t k_step = (kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32;
       const u32_t q_step = (kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32;
-      product(mq, kk, wgmma_desc_sw128(q_base + mq * 64 * QTile::ROW_BYTES + q_step, 16, SW128_GROUP_BYTES),
-              wgmma_desc_sw128(k_base + k_step, 16, SW128_GROUP_BYTES));
+      product(mq, kk, q.at(mq * 64 * QTile::ROW_BYTES + q_step), k.at(k_step));
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -413,6 +414,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
     // asynchronously), one m64n64k16 product per m64 tile and 64 columns of V (one column of the
     // tile), V N-major: 16 rows (keys) per k16 block, 2048 bytes; then at most one block's
     // products left in flight, so that two blocks' fragments are live, not all of them.
+    const WgmmaDesc v = WgmmaDesc::sw128(v_base, VTile::GROUP_BYTES, SW128_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < NT / 2; ++kk) {
       u32_t a[MMA_Q][4];
@@ -420,8 +422,7 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
       wgmma_fence();
 #pragma unroll
       for (int db = 0; db < VO_NT / 8; ++db) {
-        const u64_t b = wgmma_desc_sw128(v_base + db * VTile::GROUP_BYTES + kk * 16 * 128, VTile::GROUP_BYTES,
-                                         SW128_GROUP_BYTES);
+        const u64_t b = v.at(db * VTile::GROUP_BYTES + kk * 16 * 128);
 #pragma unroll
         for (int mq = 0; mq < MMA_Q; ++mq)
           wgmma_m64n64k16_rs_nmajor<DTypeIn>(reinterpret_cast<float(&)[8][4]>(o[mq][db * 8]), a[mq], b);
