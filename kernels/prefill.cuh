@@ -111,7 +111,7 @@ constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // (variant.cuh): one FMUL per logit fewer. Measured on the soft-cap (H200, session 7 run 1, ABBA
 // in one call): f16 QK +3.6%, but f32 QK -1.7% (s4096) and -1% (GQA s8192), same spills, so only
 // the f16-QK kernels take it.
-constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM;
+constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM || WGMMA;
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
 // (2^-11 relative), which moves a row's sum, and so the LSE, by at most 5e-4. With f16 inputs
 // that is P itself; bf16 P (2^-8) could move the LSE by 4e-3, beyond its 1e-3 bound, so bf16
