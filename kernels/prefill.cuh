@@ -109,8 +109,9 @@ using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
 constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // Whether a built-in transform takes the accumulator with post_scale folded into its parameters
 // (variant.cuh): one FMUL per logit fewer. Measured on the soft-cap (H200, session 7 run 1, ABBA
-// in one call): f16 QK +3.6%, but f32 QK -1.7% (s4096) and -1% (GQA s8192), same spills, so only
-// the f16-QK kernels take it.
+// in one call): f16 QK +3.6%, but with mma.sync f32 QK -1.7% (s4096) and -1% (GQA s8192), same
+// spills, so f32-QK kernels take it only with wgmma (H200, session 15 run 3, ABBA in one call:
+// +1.3% to +6.0% on five soft-cap shapes, D=128 and 256; the non-causal D=128 twins stop spilling).
 constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM || WGMMA;
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
 // (2^-11 relative), which moves a row's sum, and so the LSE, by at most 5e-4. With f16 inputs
