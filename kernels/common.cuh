@@ -3,9 +3,9 @@
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
-// f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh, odd_poly7,
-// tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, shfl_i64, request_of, FastDivisor, the
-// mask-kind constants, LOG2E and LN2.
+// f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
+// even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, shfl_i64, request_of,
+// FastDivisor, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -163,13 +163,19 @@ __device__ __forceinline__ float softcap_tanh(float s, float cap, float exp2_sca
   return fmaf(r, c, -c);
 }
 
+// c0 + c1 x^2 + c2 x^4 + c3 x^6 in one FMUL and 3 FFMA (the factor of odd_poly7, which a kernel
+// can merge into the FFMA that uses it).
+__device__ __forceinline__ float even_poly6(float x, float c0, float c1, float c2, float c3) {
+  const float t = x * x;
+  return fmaf(fmaf(fmaf(c3, t, c2), t, c1), t, c0);
+}
+
 // x (c0 + c1 x^2 + c2 x^4 + c3 x^6) in 2 FMUL and 3 FFMA, no MUFU: the soft-cap's form for
 // small logits, cap * tanh(s / cap) for |s| <= cap / 2, with coefficients the host fits and scales
 // (codegen/variant.rs: absolute error at most 2.3e-7 * cap, emulated in f32 with FMA). NaN stays
 // NaN.
 __device__ __forceinline__ float odd_poly7(float x, float c0, float c1, float c2, float c3) {
-  const float t = x * x;
-  return x * fmaf(fmaf(fmaf(c3, t, c2), t, c1), t, c0);
+  return x * even_poly6(x, c0, c1, c2, c3);
 }
 
 // tanh with absolute error near 2e-7 (the soft-cap formula above with cap 1).

@@ -71,16 +71,18 @@ __device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, 
   }
 }
 
-// How the main loop's paged copies share out a tile: 8 threads to a row. Thread `tid` takes
-// chunks c, c + 8, .. (c = tid % 8) of rows row0 + i * ROWS_PER_PASS (row0 = tid / 8). The 8
-// threads of a row read 128 contiguous bytes per copy instruction, so a warp still reads whole
-// 128-byte lines (four rows' worth; with one thread per chunk of a 256-byte row it read two rows),
-// and the 8 chunks an instruction writes to a tile row land on distinct swizzle positions (no bank
-// conflict). A thread's chunks of one row sit 128 bytes apart in global memory and a fixed
-// distance apart in the tile (128 bytes in the row layout, a column in wgmma's; the swizzle
+// How the main loop's copies (ragged and paged) share out a tile: 8 threads to a row. Thread
+// `tid` takes chunks c, c + 8, .. (c = tid % 8) of rows row0 + i * ROWS_PER_PASS (row0 = tid / 8).
+// The 8 threads of a row read 128 contiguous bytes per copy instruction, so a warp still reads
+// whole 128-byte lines (four rows' worth; with one thread per chunk of a 256-byte row it read two
+// rows), and the 8 chunks an instruction writes to a tile row land on distinct swizzle positions
+// (no bank conflict). A thread's chunks of one row sit 128 bytes apart in global memory and a
+// fixed distance apart in the tile (128 bytes in the row layout, a column in wgmma's; the swizzle
 // changes only the low 3 bits of the chunk index), so one source pointer and one shared-memory
-// address serve them all, the rest at immediate offsets: a thread addresses
-// ROW_CHUNKS / 8 times fewer rows than with one chunk per thread.
+// address serve them all, the rest at immediate offsets: a thread addresses ROW_CHUNKS / 8 times
+// fewer rows than with one chunk per thread. (A thread chunk of (tid % 8) ^ (row0 % 8), which
+// makes its tile address linear, saved 3 instructions per tile but made ptxas serialize the
+// wgmma of the causal D=128 two-warpgroup kernels: NVRTC 13, session 16.)
 template <int NUM_THREADS>
 struct RowSplit {
   static_assert(NUM_THREADS % 8 == 0, "whole rows of 8 threads");
@@ -116,17 +118,44 @@ struct PageStrides {
   Bytes page_bytes, token_bytes;
 };
 
-// Paged: `base` + page * page_bytes + slot * token_bytes, as two wide multiply-adds when the
-// strides are u32_t. Page ids were validated on the host, so they are non-negative: unsigned
-// products.
+// `base` + row * row_bytes: one wide multiply-add when the stride is u32_t. Rows are
+// non-negative (a key index, or a page id validated on the host): an unsigned product.
+template <typename Bytes>
+__device__ __forceinline__ const char* row_chunk(const char* base, u32_t row, Bytes row_bytes) {
+  if constexpr (sizeof(Bytes) == 4) {
+    return reinterpret_cast<const char*>(mad_wide_u32(row, row_bytes, reinterpret_cast<u64_t>(base)));
+  } else {
+    return base + static_cast<u64_t>(row) * row_bytes;
+  }
+}
+
+// Paged: `base` + page * page_bytes + slot * token_bytes.
 template <typename Bytes>
 __device__ __forceinline__ const char* paged_chunk(const char* base, u32_t page, u32_t slot, PageStrides<Bytes> s) {
-  if constexpr (sizeof(Bytes) == 4) {
-    return reinterpret_cast<const char*>(
-        mad_wide_u32(slot, s.token_bytes, mad_wide_u32(page, s.page_bytes, reinterpret_cast<u64_t>(base))));
-  } else {
-    return base + static_cast<u64_t>(page) * s.page_bytes + static_cast<u64_t>(slot) * s.token_bytes;
+  return row_chunk(row_chunk(base, page, s.page_bytes), slot, s.token_bytes);
+}
+
+// One thread's K and V base pointers for the main loop's copies (its chunk c of key row 0, or of
+// slot 0 of page 0), kept in 16 bytes of shared memory at `addr`: written once per work item and
+// read back by the same thread in each tile. Kept in registers, ptxas recomputes them from the
+// kernel parameters in every tile instead (about 20 instructions per tile at sm_90a).
+struct KvBaseStash {
+  u32_t addr;
+
+  __device__ __forceinline__ KvBaseStash(u32_t stash_base, const char* k_base, const char* v_base)
+      : addr(stash_base + 16 * threadIdx.x) {
+    asm volatile("st.shared.v2.u64 [%0], {%1, %2};" ::"r"(addr), "l"(k_base), "l"(v_base));
   }
+
+  __device__ __forceinline__ void bases(const char*& k_base, const char*& v_base) const {
+    asm volatile("ld.shared.v2.u64 {%0, %1}, [%2];" : "=l"(k_base), "=l"(v_base) : "r"(addr));
+  }
+};
+
+// The thread's chunk c (RowSplit) of row 0 of `rows`.
+template <typename T, bool PAGED, int NUM_THREADS>
+__device__ __forceinline__ const char* thread_chunk0(const KvRows<T, PAGED>& rows) {
+  return reinterpret_cast<const char*>(rows.base) + RowSplit<NUM_THREADS>().chunk0 * 16;
 }
 
 // Paged K and V as one thread of the main loop's copies (RowSplit) sees them, formed once per CTA:
@@ -136,36 +165,25 @@ __device__ __forceinline__ const char* paged_chunk(const char* base, u32_t page,
 // - NARROW: every byte stride fits 32 bits (any realistic cache): u32_t products. WIDE: u64_t.
 // - NARROW_SAME: NARROW, and K and V have the same strides (the usual case: only the bases
 //   differ). V is then given K's strides, so each row's page and slot products serve both.
-// The base pointers (the thread's chunk c of slot 0 of page 0 in K and in V) live in 16 bytes of
-// shared memory per thread at `stash`, written here and read back by the same thread in each
-// tile: kept in registers, ptxas recomputes them from the kernel parameters in every tile
-// instead (~20 instructions per tile at sm_90a).
+// The base pointers (the thread's chunk c of slot 0 of page 0 in K and in V) live in a
+// KvBaseStash.
 template <typename T, int NUM_THREADS>
 struct PagedKvThread {
   enum Path { NARROW_SAME, NARROW, WIDE };
   PageStrides<u64_t> k_bytes, v_bytes;
   int page_mask;
   Path path;
-  u32_t stash;
+  KvBaseStash stash;
 
   __device__ __forceinline__ PagedKvThread(const KvRows<T, true>& k, const KvRows<T, true>& v, u32_t stash_base)
       : k_bytes{static_cast<u64_t>(k.page_stride) * sizeof(T), static_cast<u64_t>(k.token_stride) * sizeof(T)},
         v_bytes{static_cast<u64_t>(v.page_stride) * sizeof(T), static_cast<u64_t>(v.token_stride) * sizeof(T)},
         page_mask(k.page_mask),
-        stash(stash_base + 16 * threadIdx.x) {
+        stash(stash_base, thread_chunk0<T, true, NUM_THREADS>(k), thread_chunk0<T, true, NUM_THREADS>(v)) {
     const bool narrow =
         ((k_bytes.page_bytes | k_bytes.token_bytes | v_bytes.page_bytes | v_bytes.token_bytes) >> 32) == 0;
     const bool same = k_bytes.page_bytes == v_bytes.page_bytes && k_bytes.token_bytes == v_bytes.token_bytes;
     path = !narrow ? WIDE : same ? NARROW_SAME : NARROW;
-    const RowSplit<NUM_THREADS> split;
-    const char* k_base = reinterpret_cast<const char*>(k.base) + split.chunk0 * 16;
-    const char* v_base = reinterpret_cast<const char*>(v.base) + split.chunk0 * 16;
-    asm volatile("st.shared.v2.u64 [%0], {%1, %2};" ::"r"(stash), "l"(k_base), "l"(v_base));
-  }
-
-  // The thread's base pointers in K and V (see above).
-  __device__ __forceinline__ void bases(const char*& k_base, const char*& v_base) const {
-    asm volatile("ld.shared.v2.u64 {%0, %1}, [%2];" : "=l"(k_base), "=l"(v_base) : "r"(stash));
   }
 
   __device__ __forceinline__ static PageStrides<u32_t> narrowed(const PageStrides<u64_t>& b) {
@@ -173,12 +191,66 @@ struct PagedKvThread {
   }
 };
 
-// Paged: one thread's copies (RowSplit) of the K and V rows [j0, j0 + ROWS) of one key tile, with
-// byte strides `k_bytes` and `v_bytes`. K and V rows of a tile are the same tokens, so each row's
-// page id (read from the stage at `ids`), slot and validity serve both; each tensor then forms one
-// pointer per row from the thread's base pointer. Rows at or past valid_rows (none when WHOLE)
-// are zero-filled: their page id in the stage is 0 (stage_page_ids_async), so the pointer is well
-// formed, and cp.async reads none of it.
+// One thread's copies (RowSplit) of the K and V rows [j0, j0 + ROWS) of one key tile: for its
+// i-th row (the tile's row `row`), `chunks(i, row, k, v)` sets the thread's first chunk in K and
+// in V. Rows at or past valid_rows (none when WHOLE) are zero-filled: their pointers are formed
+// but cp.async reads none of them.
+template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, int ATOM_ROWS, typename RowChunks>
+__device__ __forceinline__ void copy_kv_rows(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
+                                             const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile, int valid_rows,
+                                             RowChunks chunks) {
+  using Split = RowSplit<NUM_THREADS>;
+  const Split split;
+#pragma unroll
+  for (int i = 0; i < ROWS / Split::ROWS_PER_PASS; ++i) {
+    const int row = split.row(i);
+    const char *k, *v;
+    chunks(i, row, k, v);
+    const bool valid = WHOLE || row < valid_rows;
+    copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(k_tile, i), k, valid);
+    copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(v_tile, i), v, valid);
+  }
+}
+
+// Ragged K and V as one thread of the main loop's copies (RowSplit) sees them, formed once per
+// work item: the byte strides between tokens, whether both fit 32 bits (narrow: each row pointer
+// is one wide multiply-add; otherwise u64_t products), and the thread's base pointers (its chunk
+// c of the request's key row 0 in K and in V, in a KvBaseStash). Before, each tile formed every
+// row's pointer from the kernel parameters with 64-bit arithmetic (about 30 instructions per
+// tensor and tile at sm_90a).
+template <typename T, int NUM_THREADS>
+struct RaggedKvThread {
+  u64_t k_bytes, v_bytes;
+  bool narrow;
+  KvBaseStash stash;
+
+  __device__ __forceinline__ RaggedKvThread(const KvRows<T, false>& k, const KvRows<T, false>& v, u32_t stash_base)
+      : k_bytes(static_cast<u64_t>(k.token_stride) * sizeof(T)),
+        v_bytes(static_cast<u64_t>(v.token_stride) * sizeof(T)),
+        narrow(((k_bytes | v_bytes) >> 32) == 0),
+        stash(stash_base, thread_chunk0<T, false, NUM_THREADS>(k), thread_chunk0<T, false, NUM_THREADS>(v)) {}
+};
+
+// Ragged: copy_kv_rows with byte strides `k_bytes` and `v_bytes` (u32_t on the narrow path).
+template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes, int ATOM_ROWS>
+__device__ __forceinline__ void load_ragged_kv_pass(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
+                                                    const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
+                                                    const RaggedKvThread<T, NUM_THREADS>& src, Bytes k_bytes,
+                                                    Bytes v_bytes, int j0, int valid_rows) {
+  const char *k_base, *v_base;
+  src.stash.bases(k_base, v_base);
+  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS>(
+      k_tile, v_tile, valid_rows, [&](int, int row, const char*& k, const char*& v) {
+        const u32_t j = static_cast<u32_t>(j0 + row);
+        k = row_chunk(k_base, j, k_bytes);
+        v = row_chunk(v_base, j, v_bytes);
+      });
+}
+
+// Paged: copy_kv_rows with byte strides `k_bytes` and `v_bytes`. K and V rows of a tile are the
+// same tokens, so each row's page id (read from the stage at `ids`), slot and validity serve
+// both; each tensor then forms one pointer per row from the thread's base pointer. A row past
+// the end has page id 0 in the stage (stage_page_ids_async), so its pointer is well formed.
 template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes, int ATOM_ROWS>
 __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                    const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
@@ -192,17 +264,13 @@ __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM
 #pragma unroll
   for (int i = 0; i < PASSES; ++i) page[i] = static_cast<u32_t>(ld_shared_s32(ids + 4 * split.row(i)));
   const char *k_base, *v_base;
-  src.bases(k_base, v_base);
-#pragma unroll
-  for (int i = 0; i < PASSES; ++i) {
-    const int row = split.row(i);
-    const bool valid = WHOLE || row < valid_rows;
-    const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
-    copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(
-        split.dst(k_tile, i), paged_chunk(k_base, page[i], slot, k_bytes), valid);
-    copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(
-        split.dst(v_tile, i), paged_chunk(v_base, page[i], slot, v_bytes), valid);
-  }
+  src.stash.bases(k_base, v_base);
+  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS>(
+      k_tile, v_tile, valid_rows, [&](int i, int row, const char*& k, const char*& v) {
+        const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
+        k = paged_chunk(k_base, page[i], slot, k_bytes);
+        v = paged_chunk(v_base, page[i], slot, v_bytes);
+      });
 }
 
 // Paged, when RowSplit does not split the tile evenly: rows [j0, j0 + ROWS) of one tensor, one
@@ -232,9 +300,10 @@ struct KvSource {
 template <typename T, int NUM_THREADS>
 struct KvSource<T, false, NUM_THREADS> {
   KvRows<T, false> k, v;
+  RaggedKvThread<T, NUM_THREADS> ragged;
 
-  __device__ __forceinline__ KvSource(const KvRows<T, false>& k_rows, const KvRows<T, false>& v_rows, u32_t)
-      : k(k_rows), v(v_rows) {}
+  __device__ __forceinline__ KvSource(const KvRows<T, false>& k_rows, const KvRows<T, false>& v_rows, u32_t stash_base)
+      : k(k_rows), v(v_rows), ragged(k_rows, v_rows, stash_base) {}
 };
 
 // The K and V rows [j0, j0 + ROWS) of one key tile into `k_tile` and `v_tile` (one cp.async group
@@ -262,6 +331,19 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
   } else if constexpr (PAGED) {
     load_paged_rows_any_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, ids, j0, valid_rows);
     load_paged_rows_any_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, ids, j0, valid_rows);
+  } else if constexpr (ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
+    // Uniform branches, as above: a whole tile compares no row.
+    const RaggedKvThread<T, NUM_THREADS>& r = src.ragged;
+    if (r.narrow) {
+      const u32_t k32 = static_cast<u32_t>(r.k_bytes), v32 = static_cast<u32_t>(r.v_bytes);
+      if (valid_rows >= ROWS) {
+        load_ragged_kv_pass<ROWS, true>(k_tile, v_tile, r, k32, v32, j0, valid_rows);
+      } else {
+        load_ragged_kv_pass<ROWS, false>(k_tile, v_tile, r, k32, v32, j0, valid_rows);
+      }
+    } else {
+      load_ragged_kv_pass<ROWS, false>(k_tile, v_tile, r, r.k_bytes, r.v_bytes, j0, valid_rows);
+    }
   } else {
     load_kv_rows_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, j0, valid_rows);
     load_kv_rows_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, j0, valid_rows);

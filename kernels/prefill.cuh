@@ -69,10 +69,10 @@ constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 ? 32 : 16;
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
-// Paged: the page id of every key row of two KV tiles (the next tile's copies read them), and
-// each thread's K and V base pointers (PagedKvThread).
+// Paged: the page id of every key row of two KV tiles (the next tile's copies read them). Each
+// thread's K and V base pointers (KvBaseStash).
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
-constexpr int KV_BASES_BYTES = spec::KV_PAGED ? NUM_THREADS * 16 : 0;
+constexpr int KV_BASES_BYTES = NUM_THREADS * 16;
 // wgmma's swizzle is a function of the shared address, so its tiles start 1024-byte aligned: the
 // kernel rounds its base up, within this much slack.
 constexpr int SMEM_ALIGN_SLACK = WGMMA ? 1024 : 0;
@@ -113,6 +113,10 @@ constexpr bool FIRST_V_LATE = !WARPS_SPLIT_KEYS && MMA_Q >= 2;
 // spills, so f32-QK kernels take it only with wgmma (H200, session 15 run 3, ABBA in one call:
 // +1.3% to +6.0% on five soft-cap shapes, D=128 and 256; the non-causal D=128 twins stop spilling).
 constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM || WGMMA;
+// Whether unmasked sub-tiles within the variant's small form take it factored into the softmax's
+// exponents (FactoredSmallLogits in variant.cuh): where the transform is taken from the
+// accumulator.
+constexpr bool FACTORED_SMALL_FORM = VARIANT_HAS_SMALL_FORM && TRANSFORM_FROM_ACC;
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
 // (2^-11 relative), which moves a row's sum, and so the LSE, by at most 5e-4. With f16 inputs
 // that is P itself; bf16 P (2^-8) could move the LSE by 4e-3, beyond its 1e-3 bound, so bf16
@@ -365,20 +369,26 @@ __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoord
       }
 }
 
-// logits_as, through the variant's small form where it has one and every accumulator of the
-// warp's sub-tile is within its limit (a NaN accumulator counts as within: both forms keep NaN).
+// Whether the variant's small form holds for every accumulator of the warp's sub-tile (a NaN
+// accumulator counts as within: both forms keep NaN). Warp-uniform.
+template <int NT>
+__device__ __forceinline__ bool small_form_holds(const VariantParams& params, const float (&s)[MMA_Q][NT][4]) {
+  float largest = 0.0f;
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) largest = fmaxf(largest, fabsf(s[mq][nt][e]));
+  return __all_sync(0xffffffffu, largest <= small_form_acc_limit(params));
+}
+
+// logits_as, through the variant's small form where it has one and small_form_holds.
 template <bool NEEDS_MASK, int NT>
 __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
                                        int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
   if constexpr (VARIANT_HAS_SMALL_FORM) {
-    float largest = 0.0f;
-#pragma unroll
-    for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) largest = fmaxf(largest, fabsf(s[mq][nt][e]));
-    if (__all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant))) {
+    if (small_form_holds(p.variant, s)) {
       logits_as<NEEDS_MASK, true>(p, rows, m, kv_head, k0, lane, s);
       return;
     }
@@ -571,13 +581,23 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
                                                   float softmax_scale, Softmax& softmax,
                                                   float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
                                                   AwaitV await_v) {
+  // An unmasked sub-tile within the small form (from the accumulator) goes to the softmax as
+  // FactoredSmallLogits: the transform merges into the exponents.
+  bool factored = false;
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
     logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
+  } else if constexpr (FACTORED_SMALL_FORM) {
+    factored = small_form_holds(p.variant, s);
+    if (!factored) logits_as<false, false>(p, rows, m, tile.kv_head, k0, lane, s);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
     logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
   }
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
-  softmax.update(probs, o, softmax_scale);
+  if (FACTORED_SMALL_FORM && factored) {
+    softmax.update(FactoredSmallLogits<MMA_Q, NT>{s, p.variant}, o, 1.0f);
+  } else {
+    softmax.update(probs, o, softmax_scale);
+  }
   await_v();
   pv<NT>(f, v_base, probs, softmax, o);
 }

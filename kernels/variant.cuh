@@ -15,6 +15,7 @@
 //   constexpr bool VARIANT_HAS_SMALL_FORM;
 //   float small_form_acc_limit(const VariantParams& params);
 //   float logits_transform_small(...), logits_transform_small_from_acc(...);  // as the two above
+//   float small_form_acc_factor_log2(const VariantParams& params, float acc);
 // `s` is always the scaled logit as a float (sm_scale * q.k), whatever the QK accumulation type:
 // kernels widen an f16 accumulator exactly before the call, so a variant never meets a half.
 // `logits_transform_from_acc` is the same function of `s = post_scale * acc` taken from the
@@ -25,7 +26,10 @@
 // small (VARIANT_HAS_SMALL_FORM: the soft-cap's polynomial, for |s| <= cap / 2): the same function
 // within the transform's own error bound wherever |acc| <= small_form_acc_limit(params). Kernels
 // take it for a whole sub-tile when every accumulator of the warp is within the limit (a
-// warp-uniform choice), and the full form otherwise; a custom variant never has one.
+// warp-uniform choice), and the full form otherwise; a custom variant never has one. Its
+// accumulator form is a non-decreasing function of acc alone on that range, also given factored in
+// log2 units: acc * small_form_acc_factor_log2(acc) = LOG2E * logits_transform_small_from_acc(acc)
+// (FactoredSmallLogits below).
 // Indices are local to the request (0 <= qo_idx < qo_len, 0 <= kv_idx < kv_len).
 // This file turns the hooks into the logits the fast kernels' online softmax works with
 // (variant_logit) and into the plain natural logits and visibility the reference kernel uses
@@ -74,3 +78,36 @@ __device__ __forceinline__ bool variant_visible(const VariantParams& params, int
     return true;
   }
 }
+
+// The logits of one sub-tile as OnlineSoftmax::update takes them (online_softmax.cuh: the same
+// thread_row_max and exp_row as F32Logits), left as raw accumulators of a variant's small form
+// from the accumulator, which the caller has checked holds for every element of the warp's
+// sub-tile (none masked). The form is non-decreasing in acc, so the row max is taken on the
+// accumulators and only it is transformed; each exponent is then one FFMA of acc and its factor
+// (small_form_acc_factor_log2, log2 units), the form's last product and the softmax's scale
+// merged: one instruction per logit fewer than transform, then exponent. `scale` is unused (the
+// factor holds LOG2E). After the update the probabilities are in `s`, as F32Logits leaves them.
+template <int MMA_Q, int KV_NT>
+struct FactoredSmallLogits {
+  float (&s)[MMA_Q][KV_NT][4];
+  const VariantParams& params;
+
+  __device__ __forceinline__ float thread_row_max(int mq, int h) const {
+    float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+    for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+    return raw * small_form_acc_factor_log2(params, raw);
+  }
+  template <bool WITH_SUM>
+  __device__ __forceinline__ float exp_row(int mq, int h, float, float offset) const {
+    auto p = [&](float a) { return exp2_approx(fmaf(a, small_form_acc_factor_log2(params, a), -offset)); };
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < KV_NT; ++nt) {
+      s[mq][nt][2 * h] = p(s[mq][nt][2 * h]);
+      s[mq][nt][2 * h + 1] = p(s[mq][nt][2 * h + 1]);
+      if constexpr (WITH_SUM) sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+    }
+    return sum;
+  }
+};

@@ -329,8 +329,20 @@ fn sm90a_takes_the_wgmma_twin_of_whole_64_key_row_tiles() {
     let two_groups = TileConfig::parse("w8q1kv64g").unwrap();
     assert_eq!(two_groups.smem_bytes(d128), g.smem_bytes(d128));
     assert_eq!((two_groups.cta_q(), two_groups.threads()), (128, 256));
-    assert!(g.runs_on(Arch::Sm90a) && !g.runs_on(Arch::Sm80) && !g.runs_on(Arch::Sm89));
-    assert!(plain.runs_on(Arch::Sm80));
+    assert!(
+        g.runs_on(Arch::Sm90a, d128)
+            && !g.runs_on(Arch::Sm80, d128)
+            && !g.runs_on(Arch::Sm89, d128)
+    );
+    // The mma.sync tile with a twin runs everywhere but sm_90a, where the twin takes its place;
+    // the key-split tile has none and runs everywhere.
+    assert!(
+        plain.runs_on(Arch::Sm80, d128)
+            && plain.runs_on(Arch::Sm89, d128)
+            && !plain.runs_on(Arch::Sm90a, d128)
+    );
+    let key_split = TileConfig::key_split(d128);
+    assert!(key_split.runs_on(Arch::Sm90a, d128) && key_split.runs_on(Arch::Sm80, d128));
     let matrix = compile_matrix();
     for spec in matrix.iter().filter(|s| !s.tile.wgmma) {
         let t = spec.tile.for_arch(Arch::Sm90a, spec.head_dims);

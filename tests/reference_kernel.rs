@@ -60,8 +60,8 @@ fn the_reference_renders_the_fast_kernels_mask_and_variant_code() {
     }
     assert_eq!(
         r.snippets.len(),
-        7,
-        "transform, transform from the accumulator, the small form's three hooks, mask and sink"
+        8,
+        "transform, transform from the accumulator, the small form's four hooks, mask and sink"
     );
 }
 

@@ -51,8 +51,9 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
 /// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
 /// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
 /// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
-/// tile included), and each tile's wgmma twin where it has one (compiled for sm_90a only:
-/// [`TileConfig::runs_on`]).
+/// tile included), and each tile's wgmma twin where it has one. [`TileConfig::runs_on`] says
+/// which targets each compiles for: a twin for sm_90a only, and the tile it replaces for the
+/// others.
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,

@@ -179,14 +179,14 @@ impl KernelSpec {
         })
     }
 
-    /// Dynamic shared memory per CTA: the tile's buffers, plus (paged) the page ids of two KV
-    /// tiles, staged one tile ahead, and each thread's K and V base pointers (16 bytes).
+    /// Dynamic shared memory per CTA: the tile's buffers, each thread's K and V base pointers
+    /// (16 bytes) and, paged, the page ids of two KV tiles, staged one tile ahead.
     pub fn smem_bytes(&self) -> u32 {
-        let paged = match self.kv {
+        let page_ids = match self.kv {
             KvCache::Ragged => 0,
-            KvCache::Paged => 2 * self.tile.kv_tile * 4 + self.tile.threads() * 16,
+            KvCache::Paged => 2 * self.tile.kv_tile * 4,
         };
-        self.tile.smem_bytes(self.head_dims) + paged
+        self.tile.smem_bytes(self.head_dims) + self.tile.threads() * 16 + page_ids
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.

@@ -106,9 +106,17 @@ impl TileConfig {
                 && self.kv_sub == 64)
     }
 
-    /// The architectures a kernel with this tile compiles for: wgmma tiles sm_90a only.
-    pub fn runs_on(self, arch: Arch) -> bool {
-        !self.wgmma || arch == Arch::Sm90a
+    /// Whether a kernel with this tile and these head dims runs on `arch` (and so compiles for
+    /// it): a wgmma tile on sm_90a only; an `mma.sync` tile wherever no wgmma twin takes its place
+    /// ([`for_arch`](Self::for_arch)), so on sm_90a only the tiles without one (the key-split
+    /// tile, 32-key tiles, head dims (192, 128)). The engine never plans a twinned `mma.sync` tile
+    /// on sm_90a and refuses one forced on it, so those kernels are not built there.
+    pub fn runs_on(self, arch: Arch, dims: HeadDims) -> bool {
+        if self.wgmma {
+            arch == Arch::Sm90a
+        } else {
+            self.for_arch(arch, dims) == self
+        }
     }
 
     /// Whether a kernel over K/V from `kv` can use this tiling: a single K/V buffer only over

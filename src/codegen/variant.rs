@@ -32,6 +32,11 @@ const SOFTCAP_SMALL_TRANSFORM: &str = "return odd_poly7(s, 1.0f, params.softcap_
 const SOFTCAP_SMALL_TRANSFORM_FROM_ACC: &str =
     "return odd_poly7(acc, params.softcap_small_acc_c0, \
      params.softcap_small_acc_c1, params.softcap_small_acc_c2, params.softcap_small_acc_c3);";
+/// The same small form from the accumulator as `acc * factor`, in log2 units: `factor =
+/// LOG2E post_scale P((post_scale acc / cap)^2)` (`even_poly6` is in common.cuh), so that a
+/// kernel forms the exponent `LOG2E * transform - offset` as one FMA of `acc` and `factor`.
+const SOFTCAP_SMALL_FACTOR_LOG2: &str = "return even_poly6(acc, params.softcap_small_acc_log2_c0, \
+     params.softcap_small_acc_log2_c1, params.softcap_small_acc_log2_c2, params.softcap_small_acc_log2_c3);";
 /// The accumulators the soft-cap's small form holds for: `|acc| <= softcap_small_acc_limit`, that
 /// is `|s| <= cap / 2`.
 const SOFTCAP_SMALL_LIMIT: &str = "return params.softcap_small_acc_limit;";
@@ -73,13 +78,18 @@ pub struct VariantCode {
 
 /// A built-in's form of its transform that holds, within the transform's own error bound, while
 /// `|acc| <= limit` (kernels/variant.cuh): the bodies of `logits_transform_small`,
-/// `logits_transform_small_from_acc` and `small_form_acc_limit`.
+/// `logits_transform_small_from_acc`, `small_form_acc_factor_log2` and `small_form_acc_limit`.
+/// The accumulator form must be a non-decreasing function of `acc` alone on that range (the
+/// kernels take the row max on the accumulators).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SmallForm {
     /// Of the scaled logit `s`, as `logits_transform`.
     pub transform: String,
     /// Of the accumulator, as `logits_transform_from_acc`.
     pub transform_from_acc: String,
+    /// The factor `f` of the accumulator form in log2 units (`acc * f = LOG2E *
+    /// logits_transform_small_from_acc(acc)`), body of `small_form_acc_factor_log2`.
+    pub acc_factor_log2: String,
     /// Returns the limit on `|acc|`.
     pub acc_limit: String,
 }
@@ -105,6 +115,7 @@ impl VariantCode {
                 small: Some(SmallForm {
                     transform: SOFTCAP_SMALL_TRANSFORM.to_string(),
                     transform_from_acc: SOFTCAP_SMALL_TRANSFORM_FROM_ACC.to_string(),
+                    acc_factor_log2: SOFTCAP_SMALL_FACTOR_LOG2.to_string(),
                     acc_limit: SOFTCAP_SMALL_LIMIT.to_string(),
                 }),
                 ..builtin(
@@ -122,6 +133,10 @@ impl VariantCode {
                         ("softcap_small_acc_c1", ParamType::F32),
                         ("softcap_small_acc_c2", ParamType::F32),
                         ("softcap_small_acc_c3", ParamType::F32),
+                        ("softcap_small_acc_log2_c0", ParamType::F32),
+                        ("softcap_small_acc_log2_c1", ParamType::F32),
+                        ("softcap_small_acc_log2_c2", ParamType::F32),
+                        ("softcap_small_acc_log2_c3", ParamType::F32),
                         ("softcap_small_acc_limit", ParamType::F32),
                     ],
                 )
@@ -170,6 +185,7 @@ pub fn param_values(variant: &Variant, post_scale: f32) -> Vec<ParamValue> {
             let small = SoftCapSmall::new(*cap, post_scale);
             values.extend(small.s_coeffs.map(ParamValue::F32));
             values.extend(small.acc_coeffs.map(ParamValue::F32));
+            values.extend(small.acc_log2_coeffs.map(ParamValue::F32));
             values.push(ParamValue::F32(small.acc_limit));
             values
         }
@@ -193,6 +209,8 @@ pub struct SoftCapSmall {
     pub s_coeffs: [f32; 3],
     /// `post_scale`, then `post_scale c_k (post_scale / cap)^(2k)`: the polynomial in `acc`.
     pub acc_coeffs: [f32; 4],
+    /// The same times `LOG2E`: the factor of `acc` in log2 units.
+    pub acc_log2_coeffs: [f32; 4],
     /// The largest `|acc|` the small form is taken for: `SOFTCAP_SMALL_X cap / post_scale`,
     /// rounded down.
     pub acc_limit: f32,
@@ -205,13 +223,14 @@ impl SoftCapSmall {
         let [c1, c2, c3] = SOFTCAP_SMALL_POLY;
         let s_coeffs = [c1 / cap.powi(2), c2 / cap.powi(4), c3 / cap.powi(6)].map(|c| c as f32);
         let r = ps / cap;
-        let acc_coeffs = [
+        let acc = [
             ps,
             ps * c1 * r.powi(2),
             ps * c2 * r.powi(4),
             ps * c3 * r.powi(6),
-        ]
-        .map(|c| c as f32);
+        ];
+        let acc_coeffs = acc.map(|c| c as f32);
+        let acc_log2_coeffs = acc.map(|c| (c * std::f64::consts::LOG2_E) as f32);
         let limit = SOFTCAP_SMALL_X * cap / ps;
         let mut acc_limit = limit as f32;
         if f64::from(acc_limit) > limit {
@@ -220,6 +239,7 @@ impl SoftCapSmall {
         SoftCapSmall {
             s_coeffs,
             acc_coeffs,
+            acc_log2_coeffs,
             acc_limit,
         }
     }
@@ -265,6 +285,8 @@ const SMALL_TRANSFORM_SIGNATURE: &str =
 const SMALL_TRANSFORM_FROM_ACC_SIGNATURE: &str =
     "float logits_transform_small_from_acc(const VariantParams& params, float acc, int qo_idx, \
                                    int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len)";
+const SMALL_FACTOR_SIGNATURE: &str =
+    "float small_form_acc_factor_log2(const VariantParams& params, float acc)";
 const SMALL_LIMIT_SIGNATURE: &str = "float small_form_acc_limit(const VariantParams& params)";
 
 /// Renders the variant block onto `out` (which already holds `out.lines().count()` lines of the
@@ -314,6 +336,14 @@ pub fn render(code: &VariantCode, out: &mut String, spans: &mut Vec<SnippetSpan>
         label("logits_transform_small_from_acc"),
         SMALL_TRANSFORM_FROM_ACC_SIGNATURE,
         small.map_or("return acc;", |f| &f.transform_from_acc),
+        file,
+    );
+    hook(
+        out,
+        spans,
+        label("small_form_acc_factor_log2"),
+        SMALL_FACTOR_SIGNATURE,
+        small.map_or("return LOG2E;", |f| &f.acc_factor_log2),
         file,
     );
     hook(
@@ -380,9 +410,12 @@ mod tests {
 
     /// The kernel's `odd_poly7`, operation for operation (FFMA is a fused multiply-add, FMUL a
     /// rounded product).
-    fn odd_poly7(x: f32, c: [f32; 4]) -> f32 {
+    fn even_poly6(x: f32, c: [f32; 4]) -> f32 {
         let t = x * x;
-        x * c[3].mul_add(t, c[2]).mul_add(t, c[1]).mul_add(t, c[0])
+        c[3].mul_add(t, c[2]).mul_add(t, c[1]).mul_add(t, c[0])
+    }
+    fn odd_poly7(x: f32, c: [f32; 4]) -> f32 {
+        x * even_poly6(x, c)
     }
 
     /// The small form agrees with `cap tanh(s / cap)` within 2.3e-7 * cap wherever the kernel
@@ -405,6 +438,7 @@ mod tests {
             );
             let bound = 2.3e-7 * f64::from(cap);
             let steps = 200_000;
+            let mut previous_log2 = f32::NEG_INFINITY;
             for i in -steps..=steps {
                 let acc = limit * i as f32 / steps as f32;
                 let s = acc * post_scale;
@@ -422,6 +456,20 @@ mod tests {
                     (f64::from(via_acc) - exact_acc).abs() <= bound,
                     "cap {cap}, acc {acc}: {via_acc} vs {exact_acc}"
                 );
+                // Factored, in log2 units: the kernels' exponent FFMA(acc, factor, -offset)
+                // rounds once, after the offset, so the product is exact here (f64 of two f32);
+                // the same bound times LOG2E, and non-decreasing in acc (the row max is taken on
+                // acc; checked on the f32 product too).
+                let factor = even_poly6(acc, small.acc_log2_coeffs);
+                let log2 = f64::from(acc) * f64::from(factor);
+                let exact_log2 = exact_acc * std::f64::consts::LOG2_E;
+                assert!(
+                    (log2 - exact_log2).abs() <= bound * std::f64::consts::LOG2_E,
+                    "cap {cap}, acc {acc}: {log2} vs {exact_log2} (log2 units)"
+                );
+                let rounded = acc * factor;
+                assert!(rounded >= previous_log2, "cap {cap}, acc {acc}: decreasing");
+                previous_log2 = rounded;
             }
             assert!(odd_poly7(f32::NAN, [1.0, c1, c2, c3]).is_nan());
         }

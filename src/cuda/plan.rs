@@ -116,11 +116,17 @@ impl KernelPlan {
         let tile = options
             .tile
             .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
-        if !tile.runs_on(arch) {
+        if !tile.runs_on(arch, problem.head_dims) {
+            let twin = tile.for_arch(arch, problem.head_dims);
+            let supported = if twin != tile {
+                format!("its wgmma twin {} on {}", twin.label(), arch.name())
+            } else {
+                "wgmma (`g`) tiles on sm_90a (Hopper) devices".into()
+            };
             return Err(Error::Unsupported {
                 backend: "cuda",
                 what: format!("tile {} on {}", tile.label(), arch.name()),
-                supported: "wgmma (`g`) tiles on sm_90a (Hopper) devices".into(),
+                supported,
             });
         }
         let spec = KernelSpec::for_problem(problem, kv, tile)?;

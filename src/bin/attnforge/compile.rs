@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use attnforge::codegen::{self, RenderedKernel, TileConfig};
 use attnforge::jit::batch::{compile_all, BatchJob, Progress};
 use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, JitError, JitOutput, SnippetSpan};
+use attnforge::problem::HeadDims;
 use serde::Serialize;
 
 /// Default targets: Ampere, Ada, Hopper.
@@ -109,7 +110,7 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
     for &arch in &archs {
         for k in kernels
             .iter()
-            .filter(|k| k.tile.is_none_or(|t| t.runs_on(arch)))
+            .filter(|k| k.tile.is_none_or(|(t, dims)| t.runs_on(arch, dims)))
         {
             batch.push(job(k, arch));
             budgets.push(k.spill_budget_bytes);
@@ -148,8 +149,9 @@ struct Unit {
     source: String,
     snippets: Vec<SnippetSpan>,
     spill_budget_bytes: u32,
-    /// The attention kernel's tile (which targets it compiles for); `None` for the others.
-    tile: Option<TileConfig>,
+    /// The attention kernel's tile and head dims (which targets it compiles for); `None` for the
+    /// others.
+    tile: Option<(TileConfig, HeadDims)>,
 }
 
 impl From<RenderedKernel> for Unit {
@@ -171,7 +173,7 @@ fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
     let mut units: Vec<Unit> = codegen::compile_matrix()
         .iter()
         .map(|s| Unit {
-            tile: Some(s.tile),
+            tile: Some((s.tile, s.head_dims)),
             ..Unit::from(codegen::render(s))
         })
         .collect();
