@@ -130,8 +130,17 @@ constexpr bool FACTORED_SMALL_FORM = VARIANT_HAS_SMALL_FORM && TRANSFORM_FROM_AC
 // 16-row warps lost (-0.9% s512 non-causal, -1.5% D=256). And only without a window or custom
 // mask: the sums' accumulators take 4 more registers through the loop, and the kernels that
 // also hold a mask's state there spilled past the budget (custom mask with a custom variant
-// 176 B; window with ALiBi 88 B; NVRTC 13, session 7).
-constexpr bool SUM_BY_MMA = MMA_Q >= 2 && (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
+// 176 B; window with ALiBi 88 B; NVRTC 13, session 7). The wgmma kernels (16-row warps of 64-row
+// warpgroups) take them with f32 QK at head dim 128 without a transform, unmasked or over a paged
+// cache (the kernels measured to gain):
+// H200, session 16 runs 2-3 (ABBA, one call each), against f32 adds: non-causal s4096 / s1024
+// +2.0% / +2.2%, paged prefill (causal) +5.3%, ragged batch +1.3%; every other kernel measured
+// lost: ragged causal s4096 -6.8%, soft-cap -0.3% to -1.4%, f16 QK -1.6%, head dim 64 -2.1% to
+// -3.9% (the loops' schedules differ; not read in SASS).
+constexpr bool SUM_BY_MMA_WGMMA = WGMMA && !spec::QK_F16_ACCUM && spec::HEAD_DIM_VO == 128 &&
+                                  !VARIANT_HAS_TRANSFORM && (spec::MASK_KIND == MASK_NONE || spec::KV_PAGED);
+constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
+                            (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
                             (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
