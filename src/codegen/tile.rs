@@ -258,8 +258,12 @@ impl TileConfig {
     /// soft-cap from the accumulator in every wgmma kernel; CI of ff50440): 129 of 1982 sm_90a
     /// kernels spill: the 88 `w4q2kv64` and 41 `w8q1kv64g` (the custom-mask ones and f16-QK
     /// custom variants, 8 to 116 bytes of stores: custom mask with soft-cap, ragged, 116/68, the
-    /// closest to the budget); sm_80 77 as before. The budget keeps the rest visible and bounded;
-    /// removing them is tracked in `docs/perf-notes.md`.
+    /// closest to the budget); sm_80 77 as before. Session 16 (ragged copies from stashed base
+    /// pointers, the factored soft-cap form; the mma.sync tiles with a wgmma twin no longer built
+    /// for sm_90a; CI of 1f13ecd): 2884 kernels, 124 spill: 46 of 1442 sm_90a kernels, all
+    /// `w8q1kv64g` (f32-QK custom-mask ones up to 96/64 bytes, the custom sample variant 16-24,
+    /// f16-QK masked or custom ones 4-12), and 78 sm_80 `w4q2kv64` (at most 72/100). The budget
+    /// keeps the rest visible and bounded; removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
