@@ -5,7 +5,7 @@
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
 // f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
 // even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, shfl_i64, request_of,
-// FastDivisor, the mask-kind constants, LOG2E and LN2.
+// FastDivisor, TmaMap, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -14,6 +14,12 @@ typedef unsigned long long u64_t;
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
+
+// A CUDA tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on the host and
+// passed in the kernel's parameter block (tma.cuh).
+struct alignas(64) TmaMap {
+  u64_t bits[16];
+};
 
 // Mask kinds, as KernelSpec renders them into the spec constants.
 constexpr int MASK_NONE = 0;

@@ -8,7 +8,8 @@
 // other short query tiles) gives every warp the same MMA_Q * 16 rows and a share of the keys (the
 // sub-tiles of each KV tile, round robin), and merges the warps' softmax states at the end. K and
 // V rows come from a ragged tensor or a paged cache (kv_rows.cuh). K and V stream through
-// double-buffered swizzled shared memory with cp.async, KV_TILE keys per barrier, so the next
+// double-buffered swizzled shared memory with cp.async (whole tiles of ragged K/V by the tensor
+// memory accelerator in the wgmma kernels: TMA_KV), KV_TILE keys per barrier, so the next
 // tile loads while this one computes (with 32-row warps, tile 0's V rows land while its
 // S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). With one
 // K/V buffer (KV_STAGES = 1: the rows layout over ragged K/V, one sub-tile per tile, for tiles
@@ -27,7 +28,7 @@
 // for the whole warpgroup, whose warps then issue the same products). When the plan splits the
 // KV range, the CTA covers one chunk and writes a partial result for merge_state.cuh instead of
 // the output.
-// Requires: common.cuh, mma.cuh, smem_tile.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
+// Requires: common.cuh, mma.cuh, smem_tile.cuh, tma.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
 // variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
 
 namespace prefill {
@@ -50,6 +51,14 @@ constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 // 64-key tiles (one or two K/V buffers), one or two warpgroups.
 constexpr bool WGMMA = spec::WGMMA;
 constexpr int WARPGROUP_ROWS = MMA_Q * 64;  // a warpgroup's CTA rows with wgmma
+// Whether whole K/V tiles of a wgmma kernel with two buffers may be copied by the tensor memory
+// accelerator (tma.cuh): one thread issues a tile's boxes, in wgmma's layout, on the buffer's
+// mbarrier (paged: one box per page, or per 64 slots of a larger page, at the page ids the
+// copies staged), instead of every thread's cp.async copies and their addresses. The launch says
+// whether it does (p.kv_tma: the host could encode the tensor maps); a tile that reaches past the
+// request's keys is copied with cp.async all the same (its rows past the end zero-filled, never
+// another request's keys, nor a page the request does not own).
+constexpr bool TMA_KV = WGMMA && !SINGLE_BUFFER;
 
 // Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
 // landed rows visible to its async proxy (the barrier that follows publishes them CTA-wide).
@@ -73,11 +82,14 @@ constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
 // thread's K and V base pointers (KvBaseStash).
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
 constexpr int KV_BASES_BYTES = NUM_THREADS * 16;
+// TMA_KV: one mbarrier per K/V buffer.
+constexpr int TMA_BARRIER_BYTES = TMA_KV ? 2 * 8 : 0;
 // wgmma's swizzle is a function of the shared address, so its tiles start 1024-byte aligned: the
 // kernel rounds its base up, within this much slack.
 constexpr int SMEM_ALIGN_SLACK = WGMMA ? 1024 : 0;
 constexpr int SMEM_BYTES =
-    Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES + SMEM_ALIGN_SLACK;
+    Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES + TMA_BARRIER_BYTES +
+    SMEM_ALIGN_SLACK;
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
@@ -686,6 +698,51 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
   const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
+  // TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
+  // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
+  const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
+  const bool kv_tma = TMA_KV && p.kv_tma != 0;
+  auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
+  auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
+  // Tile t (keys k0..) by the accelerator; every thread calls it. Thread 0 announces the tile's
+  // bytes and, ragged, issues its boxes. Paged, box b (one page's rows) is issued by lane 0 of
+  // warp b % NUM_WARPS, so that no warp issues every page's boxes and their page-id reads (one
+  // thread issuing all of them cost 6%: H200, session 17 run 3; a box may complete before the
+  // announcement: the barrier's byte count may go negative), its page from the page table for
+  // tile 0 and from the ids staged in shared memory after it.
+  auto issue_tma = [&](int t, int k0) {
+    const u32_t bar = tma_bar(t);
+    if constexpr (spec::KV_PAGED) {
+      if (threadIdx.x == 0) mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
+      const int box_rows = min(p.page_mask + 1, KV_TILE);
+      if (lane != 0) return;
+#pragma unroll 1
+      for (int r = warp * box_rows; r < KV_TILE; r += NUM_WARPS * box_rows) {
+        const int j = k0 + r;
+        const int page = t == 0 ? __ldg(pages + (j >> p.page_shift)) : ld_shared_s32(page_ids(t) + 4 * r);
+        const int slot = j & p.page_mask;
+        const u32_t row_bytes = static_cast<u32_t>(r * KTile::ROW_BYTES);
+#pragma unroll
+        for (int g = 0; g < QK_CHUNKS / 8; ++g)
+          tma_load_4d(k_tile(t).base + g * KTile::GROUP_BYTES + row_bytes, &p.k_tmap, g * 64, tile.kv_head, slot, page,
+                      bar);
+#pragma unroll
+        for (int g = 0; g < VO_CHUNKS / 8; ++g)
+          tma_load_4d(v_tile(t).base + g * VTile::GROUP_BYTES + row_bytes, &p.v_tmap, g * 64, tile.kv_head, slot, page,
+                      bar);
+      }
+    } else if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
+      const int row = kv_start + k0;
+#pragma unroll
+      for (int g = 0; g < QK_CHUNKS / 8; ++g)
+        tma_load_3d(k_tile(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, tile.kv_head, row, bar);
+#pragma unroll
+      for (int g = 0; g < VO_CHUNKS / 8; ++g)
+        tma_load_3d(v_tile(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, tile.kv_head, row, bar);
+    }
+  };
+
   // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
   // last to read (they were issued before the barrier that precedes this call).
   auto stage_next_page_ids = [&](int t) {
@@ -698,8 +755,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   auto load_kv = [&](int t) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t), k0,
-                                                                             m.kv_len - k0);
+      if (tma_tile(k0)) {
+        issue_tma(t, k0);
+      } else {
+        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
+                                                                               k0, m.kv_len - k0);
+      }
       stage_next_page_ids(t);
     }
     cp_async_commit();
@@ -748,6 +809,15 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   softmax.init();
 
   if (num_tiles > 0) {
+    if (kv_tma) {
+      // The barriers, initialised before any thread waits on one (thread 0 issues tile 0's boxes
+      // below, after its own initialisation).
+      if (threadIdx.x == 0) {
+        mbarrier_init_one(tma_bar(0));
+        mbarrier_init_one(tma_bar(1));
+      }
+      __syncthreads();
+    }
     {
       // This warp's block of Q rows; lane i works out the address of its row i.
       const int q_row0 = warp * Q_ROWS_PER_WARP;
@@ -758,11 +828,16 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
       });
     }
-    load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+    const bool tile0_tma = tma_tile(kv_lo);
+    if (tile0_tma) {
+      issue_tma(0, kv_lo);
+    } else {
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+    }
     stage_next_page_ids(0);
     cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
-    load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
-    cp_async_commit();  // the second: V_0
+    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
+    cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)
     if constexpr (spec::QK_F16_ACCUM) {
       // Each thread scales the Q chunks it copied itself, once they have landed (with K_0, which
       // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
@@ -794,7 +869,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       }
       v_pending = true;
     } else {
-      // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE).
+      // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless FIRST_V_LATE; by the
+      // accelerator, both with tile 0).
+      if (tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
       if (t > 0 || !FIRST_V_LATE) {
         wait_copies<0>();
       } else {

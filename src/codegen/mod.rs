@@ -20,7 +20,9 @@ pub use fixed::{
     render_append, render_merge_states, RenderedFixed, APPEND_THREADS, MERGE_STATES_ITEMS_PER_CTA,
     MERGE_STATES_THREADS,
 };
-pub use params::{AppendParams, MergeParams, ParamBlockLayout, PrefillParams, VariantLayout};
+pub use params::{
+    AppendParams, MergeParams, ParamBlockLayout, PrefillParams, TmaMap, VariantLayout,
+};
 pub use reference::{
     reference_matrix, render_reference, ReferenceSpec, RenderedReference, REFERENCE_ROWS_PER_CTA,
     REFERENCE_SPILL_BUDGET_BYTES, REFERENCE_THREADS,

@@ -60,10 +60,24 @@ macro_rules! kernel_params {
     };
 }
 
+/// A CUDA tensor map (`CUtensorMap`): 128 opaque bytes the driver encodes
+/// (`cuda::tma`), 64-byte aligned in the parameter block (CUDA's `TmaMap`); zero when unused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TmaMap(pub [u64; 16]);
+
+/// The alignment of the prefill parameter block: that of its tensor maps.
+pub const PARAM_BLOCK_ALIGN: usize = 64;
+
 kernel_params! {
     /// Fixed parameters of the prefill kernel. Pointers are device addresses; strides are in
-    /// elements.
+    /// elements. The tensor maps come first, at offsets that are multiples of 64.
     PrefillParams {
+        /// K as a `[tokens, kv heads, head_dim_qk]` tensor map (boxes of 64 elements by 64
+        /// tokens, 128-byte swizzle), when `kv_tma` is set.
+        k_tmap: TmaMap => "TmaMap",
+        /// V likewise, over `head_dim_vo`.
+        v_tmap: TmaMap => "TmaMap",
         /// Q, `[total_qo, num_qo_heads, head_dim_qk]` view.
         q: u64 => "const void*",
         /// K view.
@@ -145,8 +159,13 @@ kernel_params! {
         page_shift: i32 => "int",
         /// Paged KV: page size - 1 (the slot mask); 0 when ragged.
         page_mask: i32 => "int",
+        /// 1 when whole K/V tiles are copied through `k_tmap` and `v_tmap` (kernels that can:
+        /// `KernelSpec::copies_kv_by_tma`), 0 otherwise.
+        kv_tma: u64 => "unsigned long long",
     }
 }
+
+const _: () = assert!(std::mem::offset_of!(PrefillParams, v_tmap) % PARAM_BLOCK_ALIGN == 0);
 
 kernel_params! {
     /// Parameters of the paged-KV append kernel (`append_paged.cuh`). Pointers are device
@@ -359,7 +378,7 @@ impl ParamBlockLayout {
     /// The layout for a variant.
     pub fn new(variant: VariantLayout) -> ParamBlockLayout {
         let fixed = std::mem::size_of::<PrefillParams>();
-        let fixed_align = std::mem::align_of::<PrefillParams>();
+        let fixed_align = PARAM_BLOCK_ALIGN;
         let variant_offset = fixed.next_multiple_of(variant.align);
         let size = (variant_offset + variant.size).next_multiple_of(fixed_align.max(variant.align));
         ParamBlockLayout {

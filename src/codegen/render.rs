@@ -17,6 +17,7 @@ use std::fmt::Write;
 pub(super) const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kernels/common.cuh"));
 const MMA: (&str, &str) = ("mma.cuh", include_str!("../../kernels/mma.cuh"));
 const SMEM_TILE: (&str, &str) = ("smem_tile.cuh", include_str!("../../kernels/smem_tile.cuh"));
+const TMA: (&str, &str) = ("tma.cuh", include_str!("../../kernels/tma.cuh"));
 const KV_ROWS: (&str, &str) = ("kv_rows.cuh", include_str!("../../kernels/kv_rows.cuh"));
 pub(super) const MASK: (&str, &str) = ("mask.cuh", include_str!("../../kernels/mask.cuh"));
 const ONLINE_SOFTMAX: (&str, &str) = (
@@ -109,6 +110,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, COMMON);
     template(&mut out, MMA);
     template(&mut out, SMEM_TILE);
+    template(&mut out, TMA);
     template(&mut out, KV_ROWS);
     let generated_line = |out: &String| out.lines().count() + 2;
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));

@@ -180,13 +180,22 @@ impl KernelSpec {
     }
 
     /// Dynamic shared memory per CTA: the tile's buffers, each thread's K and V base pointers
-    /// (16 bytes) and, paged, the page ids of two KV tiles, staged one tile ahead.
+    /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, and with
+    /// [`copies_kv_by_tma`](Self::copies_kv_by_tma) one mbarrier (8 bytes) per K/V buffer.
     pub fn smem_bytes(&self) -> u32 {
         let page_ids = match self.kv {
             KvCache::Ragged => 0,
             KvCache::Paged => 2 * self.tile.kv_tile * 4,
         };
-        self.tile.smem_bytes(self.head_dims) + self.tile.threads() * 16 + page_ids
+        let tma_barriers = if self.copies_kv_by_tma() { 2 * 8 } else { 0 };
+        self.tile.smem_bytes(self.head_dims) + self.tile.threads() * 16 + page_ids + tma_barriers
+    }
+
+    /// Whether the kernel copies whole K/V tiles with the tensor memory accelerator when the
+    /// launch passes tensor maps (`prefill.cuh` `TMA_KV`): wgmma tiles with two K/V buffers,
+    /// over ragged K/V or a paged cache.
+    pub fn copies_kv_by_tma(&self) -> bool {
+        self.tile.wgmma && self.tile.kv_stages == 2
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.

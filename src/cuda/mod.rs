@@ -19,6 +19,7 @@ mod prefill;
 mod problem_arrays;
 mod reference;
 mod schedule;
+mod tma;
 
 pub use append::DevicePagedKvMut;
 pub use backend::CudaBackend;

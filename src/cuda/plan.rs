@@ -12,8 +12,9 @@ use super::problem_arrays::ProblemArrays;
 use super::schedule::{
     choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
 };
+use super::tma::{kv_tensor_map, KvRowsView, KvView};
 use crate::codegen::{
-    self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig,
+    self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
 };
 use crate::problem::{AttentionProblem, Mask};
@@ -55,6 +56,8 @@ pub(crate) struct PageAddress {
     pub k_page_stride: i64,
     pub v_page_stride: i64,
     pub page_size: usize,
+    /// Pages in the cache (page ids run `0..num_pages`).
+    pub num_pages: usize,
 }
 
 /// The query and output side of a launch.
@@ -182,6 +185,51 @@ impl KernelPlan {
         })
     }
 
+    /// The K and V tensor maps of a launch whose kernel copies whole tiles by the tensor memory
+    /// accelerator (`KernelSpec::copies_kv_by_tma`); `None` for the other kernels and for views
+    /// the accelerator cannot address.
+    fn kv_tensor_maps(&self, kv: KvAddress) -> (Option<TmaMap>, Option<TmaMap>) {
+        if !self.spec.copies_kv_by_tma() {
+            return (None, None);
+        }
+        let p = &self.problem;
+        let view = |address, dim, token_stride, head_stride, page_stride| KvView {
+            address,
+            dtype: p.input_dtype,
+            heads: p.num_kv_heads,
+            dim,
+            token_stride,
+            head_stride,
+            rows: match kv.pages {
+                None => KvRowsView::Ragged {
+                    tokens: p.batch.total_kv(),
+                },
+                Some(pages) => KvRowsView::Paged {
+                    num_pages: pages.num_pages,
+                    page_size: pages.page_size,
+                    page_stride,
+                },
+            },
+        };
+        let pages = kv.pages.unwrap_or_default();
+        (
+            kv_tensor_map(&view(
+                kv.k,
+                p.head_dims.qk(),
+                kv.k_stride_token,
+                kv.k_stride_head,
+                pages.k_page_stride,
+            )),
+            kv_tensor_map(&view(
+                kv.v,
+                p.head_dims.vo(),
+                kv.v_stride_token,
+                kv.v_stride_head,
+                pages.v_page_stride,
+            )),
+        )
+    }
+
     /// Launches the attention kernel (and the merge, when split) on `stream`. The caller has
     /// checked every buffer against the problem. No allocation, no synchronisation.
     pub fn launch(
@@ -201,7 +249,11 @@ impl KernelPlan {
         let (qo_indptr, kv_indptr) = self.arrays.indptrs(stream);
         let (custom_mask, mask_indptr) = self.arrays.custom_mask(stream);
         let group_div = FastDivisor::new(p.group_size() as u32);
+        let (k_tmap, v_tmap) = self.kv_tensor_maps(kv);
+        let kv_tma = k_tmap.is_some() && v_tmap.is_some();
         let fixed = PrefillParams {
+            k_tmap: k_tmap.unwrap_or_default(),
+            v_tmap: v_tmap.unwrap_or_default(),
             q: qo.q + p.q_view.offset as u64 * elem,
             k: kv.k,
             v: kv.v,
@@ -249,6 +301,7 @@ impl KernelPlan {
             batch_size: p.batch.len() as i32,
             page_shift: page.page_size.max(1).trailing_zeros() as i32,
             page_mask: page.page_size.saturating_sub(1) as i32,
+            kv_tma: u64::from(kv_tma),
         };
         let variant_bytes = self.arrays.variant_bytes(stream, &self.layout.variant);
         let block = self.layout.pack(&fixed, &variant_bytes);
