@@ -32,6 +32,32 @@ __device__ __forceinline__ bool mask_visible(const RequestMaskContext& m, int qo
   }
 }
 
+// The custom mask's bits of query row qo_idx for keys [k0, k0 + 32 * WORDS): bit b of bits[w] is
+// key k0 + 32 * w + b. The fast kernels read a row's bits for a whole sub-tile at once: WORDS + 1
+// aligned 32-bit loads around them and one funnel shift per word, instead of one dependent byte
+// load (a 64-bit bit index, a shift and a branch) per element, a form that held each element's
+// address and logit across its branches and spilled (f32-QK wgmma kernels: 72 to 96 bytes, NVRTC
+// 13). The aligned words reach up to 3 bytes before the row's first byte and CUSTOM_MASK_PAD_BYTES
+// past the request's last byte: the host uploads the mask 4-byte aligned and padded so (Rust:
+// `CUSTOM_MASK_PAD_BYTES`). Bits of keys at or past kv_len belong to the next row, the padding, or
+// nothing: the caller masks those keys by kv_len. A padding row (qo_idx >= qo_len) reads the last
+// row's bits instead, which the caller discards.
+constexpr int CUSTOM_MASK_PAD_BYTES = 16;
+template <int WORDS>
+__device__ __forceinline__ void custom_mask_row_bits(const RequestMaskContext& m, int qo_idx, int k0,
+                                                     u32_t (&bits)[WORDS]) {
+  static_assert(4 * WORDS + 3 <= CUSTOM_MASK_PAD_BYTES, "the aligned words stay within the padding");
+  const i64_t bit0 = static_cast<i64_t>(min(qo_idx, m.qo_len - 1)) * m.kv_len + k0;
+  const u64_t first = reinterpret_cast<u64_t>(m.custom_bits) + static_cast<u64_t>(bit0 >> 3);
+  const u32_t* words = reinterpret_cast<const u32_t*>(first & ~u64_t{3});
+  const int shift = static_cast<int>(first & 3) * 8 + static_cast<int>(bit0 & 7);
+  u32_t raw[WORDS + 1];
+#pragma unroll
+  for (int w = 0; w <= WORDS; ++w) raw[w] = words[w];
+#pragma unroll
+  for (int w = 0; w < WORDS; ++w) bits[w] = __funnelshift_r(raw[w], raw[w + 1], shift);
+}
+
 // Key range [lo, hi) that tokens [tok_lo, tok_hi] of a request can see at all under KIND.
 template <int KIND>
 __device__ __forceinline__ void visible_key_range(const RequestMaskContext& m, int tok_lo, int tok_hi, int& lo,

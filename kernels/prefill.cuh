@@ -367,6 +367,24 @@ __device__ __forceinline__ void widen_f16(const FragAddrs& f, u32_t k_base, cons
 template <bool NEEDS_MASK, bool SMALL, int NT>
 __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoords& rows, const RequestMaskContext& m,
                                           int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
+  // A custom mask's bits for each of the thread's rows, read for the whole sub-tile at once
+  // (custom_mask_row_bits) and shifted to this thread's first key: element (nt, e) of a row is
+  // then bit (8 * nt) % 32 + e % 2 of word (8 * nt) / 32.
+  constexpr bool CUSTOM_BITS = NEEDS_MASK && spec::MASK_KIND == MASK_CUSTOM;
+  constexpr int MASK_WORDS = CUSTOM_BITS ? (NT * 8 + 31) / 32 : 1;
+  u32_t mask_bits[MMA_Q][2][MASK_WORDS];
+  if constexpr (CUSTOM_BITS) {
+#pragma unroll
+    for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        u32_t bits[MASK_WORDS];
+        custom_mask_row_bits(m, rows.token[mq][h], k0, bits);
+#pragma unroll
+        for (int w = 0; w < MASK_WORDS; ++w)
+          mask_bits[mq][h][w] = __funnelshift_r(bits[w], w + 1 < MASK_WORDS ? bits[w + 1] : 0u, 2 * (lane % 4));
+      }
+  }
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
@@ -380,7 +398,14 @@ __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoord
         float t = variant_logit<TRANSFORM_FROM_ACC, SMALL>(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx,
                                                            qo_head, kv_head, m.qo_len, m.kv_len);
         if constexpr (NEEDS_MASK) {
-          bool visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
+          bool visible;
+          if constexpr (CUSTOM_BITS) {
+            // mask_visible's definition, padding rows included, without a branch.
+            const u32_t bit = (mask_bits[mq][h][(8 * nt) / 32] >> ((8 * nt) % 32 + e % 2)) & 1u;
+            visible = (kv_idx < m.kv_len) & (qo_idx < m.qo_len) & (bit != 0u);
+          } else {
+            visible = kv_idx < m.kv_len && mask_visible<spec::MASK_KIND>(m, qo_idx, kv_idx);
+          }
           if constexpr (VARIANT_HAS_MASK) {
             visible = visible && logits_mask(p.variant, qo_idx, kv_idx, qo_head, kv_head, m.qo_len, m.kv_len);
           }

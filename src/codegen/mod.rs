@@ -27,7 +27,9 @@ pub use reference::{
     reference_matrix, render_reference, ReferenceSpec, RenderedReference, REFERENCE_ROWS_PER_CTA,
     REFERENCE_SPILL_BUDGET_BYTES, REFERENCE_THREADS,
 };
-pub use render::{render, RenderedKernel, MERGE_ROWS_PER_CTA, MERGE_THREADS};
+pub use render::{
+    render, RenderedKernel, CUSTOM_MASK_PAD_BYTES, MERGE_ROWS_PER_CTA, MERGE_THREADS,
+};
 pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};

@@ -39,6 +39,10 @@ const MERGE_STATE: (&str, &str) = (
 pub const MERGE_THREADS: u32 = 128;
 /// (token, query head) rows merged per CTA: one per warp.
 pub const MERGE_ROWS_PER_CTA: u32 = MERGE_THREADS / 32;
+/// Bytes the host uploads after a packed custom mask (zeros): the prefill kernels read each row's
+/// bits for a sub-tile as aligned 32-bit words, which reach up to this far past a segment's last
+/// byte (`CUSTOM_MASK_PAD_BYTES` in kernels/mask.cuh, checked when a kernel compiles).
+pub const CUSTOM_MASK_PAD_BYTES: usize = 16;
 
 /// A rendered kernel: what the JIT compiles and what the launcher needs to run it.
 #[derive(Clone, Debug)]
@@ -153,6 +157,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         out,
         "static_assert(prefill::SMEM_BYTES == spec::SMEM_BYTES, \"shared memory size agrees with the host\");\n\
          static_assert(merge::NUM_THREADS == {MERGE_THREADS} && merge::WARPS == {MERGE_ROWS_PER_CTA}, \"merge launch shape\");\n\
+         static_assert(CUSTOM_MASK_PAD_BYTES == {CUSTOM_MASK_PAD_BYTES}, \"custom mask padding agrees with the host\");\n\
          {bounds}\
          extern \"C\" __global__ void ATTNFORGE_PREFILL_BOUNDS\n\
          {name}(const __grid_constant__ PrefillParams params) {{\n  prefill::run_cta(params);\n}}\n\

@@ -14,7 +14,8 @@ use std::sync::Arc;
 pub(crate) struct ProblemArrays {
     qo_indptr: CudaSlice<i32>,
     kv_indptr: CudaSlice<i32>,
-    /// The packed mask and each request's byte offset into it (as i64), for a custom mask.
+    /// The packed mask (followed by [`codegen::CUSTOM_MASK_PAD_BYTES`] zero bytes) and each
+    /// request's byte offset into it (as i64), for a custom mask.
     custom_mask: Option<(CudaSlice<u8>, CudaSlice<i64>)>,
     /// The variant's array parameters, as bytes, in declaration order.
     variant_arrays: Vec<CudaSlice<u8>>,
@@ -28,8 +29,12 @@ impl ProblemArrays {
         let custom_mask = match &problem.mask {
             Mask::Custom(m) => {
                 let offsets: Vec<i64> = m.mask_indptr.iter().map(|&o| o as i64).collect();
+                // The kernels read a row's bits as aligned words, which reach past the last
+                // segment's end: padded (a device allocation is aligned far beyond 4 bytes).
+                let mut packed = m.packed.clone();
+                packed.resize(m.packed.len() + codegen::CUSTOM_MASK_PAD_BYTES, 0);
                 Some((
-                    upload(engine, &m.packed, "custom mask")?,
+                    upload(engine, &packed, "custom mask")?,
                     upload(engine, &offsets, "mask_indptr")?,
                 ))
             }
