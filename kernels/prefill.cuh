@@ -51,14 +51,15 @@ constexpr bool SINGLE_BUFFER = KV_STAGES == 1;
 // 64-key tiles (one or two K/V buffers), one or two warpgroups.
 constexpr bool WGMMA = spec::WGMMA;
 constexpr int WARPGROUP_ROWS = MMA_Q * 64;  // a warpgroup's CTA rows with wgmma
-// Whether whole K/V tiles of a wgmma kernel with two buffers may be copied by the tensor memory
-// accelerator (tma.cuh): one thread issues a tile's boxes, in wgmma's layout, on the buffer's
-// mbarrier (paged: one box per page, or per 64 slots of a larger page, at the page ids the
-// copies staged), instead of every thread's cp.async copies and their addresses. The launch says
-// whether it does (p.kv_tma: the host could encode the tensor maps); a tile that reaches past the
+// Whether whole K/V tiles of a ragged wgmma kernel with two buffers may be copied by the tensor
+// memory accelerator (tma.cuh): one thread issues a tile's boxes, in wgmma's layout, on the
+// buffer's mbarrier, instead of every thread's cp.async copies and their addresses (H200, session
+// 17 run 2, ABBA against the copies: +0.5% to +8.5% on 10 ragged shapes). The launch says whether
+// it does (p.kv_tma: the host could encode the tensor maps); a tile that reaches past the
 // request's keys is copied with cp.async all the same (its rows past the end zero-filled, never
-// another request's keys, nor a page the request does not own).
-constexpr bool TMA_KV = WGMMA && !SINGLE_BUFFER;
+// another request's keys). Not paged: one box per page (16 boxes a tile at 16-slot pages) lost
+// 2% against the copies, issued by one thread or by one lane per warp (session 17 runs 3-4).
+constexpr bool TMA_KV = WGMMA && !spec::KV_PAGED && !SINGLE_BUFFER;
 
 // Waits until at most N of this thread's cp.async groups are pending; with wgmma, also makes the
 // landed rows visible to its async proxy (the barrier that follows publishes them CTA-wide).
@@ -369,8 +370,11 @@ __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoord
                                           int kv_head, int k0, int lane, float (&s)[MMA_Q][NT][4]) {
   // A custom mask's bits for each of the thread's rows, read for the whole sub-tile at once
   // (custom_mask_row_bits) and shifted to this thread's first key: element (nt, e) of a row is
-  // then bit (8 * nt) % 32 + e % 2 of word (8 * nt) / 32.
-  constexpr bool CUSTOM_BITS = NEEDS_MASK && spec::MASK_KIND == MASK_CUSTOM;
+  // then bit (8 * nt) % 32 + e % 2 of word (8 * nt) / 32. Only with wgmma (its 16-row warps: two
+  // rows per thread); the mma.sync tiles read each element's bit (mask_visible): with the 32-row
+  // warps' four rows the words stayed live through the element loop and ptxas spilled more
+  // (sm_80, f32-QK w4q2kv64 custom mask paged, 36/52 -> 72/92 bytes; NVRTC 13).
+  constexpr bool CUSTOM_BITS = NEEDS_MASK && spec::MASK_KIND == MASK_CUSTOM && WGMMA;
   constexpr int MASK_WORDS = CUSTOM_BITS ? (NT * 8 + 31) / 32 : 1;
   u32_t mask_bits[MMA_Q][2][MASK_WORDS];
   if constexpr (CUSTOM_BITS) {
@@ -729,43 +733,17 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const bool kv_tma = TMA_KV && p.kv_tma != 0;
   auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
   auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
-  // Tile t (keys k0..) by the accelerator; every thread calls it. Thread 0 announces the tile's
-  // bytes and, ragged, issues its boxes. Paged, box b (one page's rows) is issued by lane 0 of
-  // warp b % NUM_WARPS, so that no warp issues every page's boxes and their page-id reads (one
-  // thread issuing all of them cost 6%: H200, session 17 run 3; a box may complete before the
-  // announcement: the barrier's byte count may go negative), its page from the page table for
-  // tile 0 and from the ids staged in shared memory after it.
+  // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
   auto issue_tma = [&](int t, int k0) {
     const u32_t bar = tma_bar(t);
-    if constexpr (spec::KV_PAGED) {
-      if (threadIdx.x == 0) mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-      const int box_rows = min(p.page_mask + 1, KV_TILE);
-      if (lane != 0) return;
-#pragma unroll 1
-      for (int r = warp * box_rows; r < KV_TILE; r += NUM_WARPS * box_rows) {
-        const int j = k0 + r;
-        const int page = t == 0 ? __ldg(pages + (j >> p.page_shift)) : ld_shared_s32(page_ids(t) + 4 * r);
-        const int slot = j & p.page_mask;
-        const u32_t row_bytes = static_cast<u32_t>(r * KTile::ROW_BYTES);
+    mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
+    const int row = kv_start + k0;
 #pragma unroll
-        for (int g = 0; g < QK_CHUNKS / 8; ++g)
-          tma_load_4d(k_tile(t).base + g * KTile::GROUP_BYTES + row_bytes, &p.k_tmap, g * 64, tile.kv_head, slot, page,
-                      bar);
+    for (int g = 0; g < QK_CHUNKS / 8; ++g)
+      tma_load_3d(k_tile(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, tile.kv_head, row, bar);
 #pragma unroll
-        for (int g = 0; g < VO_CHUNKS / 8; ++g)
-          tma_load_4d(v_tile(t).base + g * VTile::GROUP_BYTES + row_bytes, &p.v_tmap, g * 64, tile.kv_head, slot, page,
-                      bar);
-      }
-    } else if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-      const int row = kv_start + k0;
-#pragma unroll
-      for (int g = 0; g < QK_CHUNKS / 8; ++g)
-        tma_load_3d(k_tile(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, tile.kv_head, row, bar);
-#pragma unroll
-      for (int g = 0; g < VO_CHUNKS / 8; ++g)
-        tma_load_3d(v_tile(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, tile.kv_head, row, bar);
-    }
+    for (int g = 0; g < VO_CHUNKS / 8; ++g)
+      tma_load_3d(v_tile(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, tile.kv_head, row, bar);
   };
 
   // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
@@ -781,12 +759,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       if (tma_tile(k0)) {
-        issue_tma(t, k0);
+        if (threadIdx.x == 0) issue_tma(t, k0);
       } else {
         load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
                                                                                k0, m.kv_len - k0);
+        stage_next_page_ids(t);
       }
-      stage_next_page_ids(t);
     }
     cp_async_commit();
   };
@@ -855,11 +833,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
     const bool tile0_tma = tma_tile(kv_lo);
     if (tile0_tma) {
-      issue_tma(0, kv_lo);
+      if (threadIdx.x == 0) issue_tma(0, kv_lo);
     } else {
       load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+      stage_next_page_ids(0);
     }
-    stage_next_page_ids(0);
     cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
     if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
     cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)

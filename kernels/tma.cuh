@@ -2,12 +2,10 @@
 //
 // A tensor map (TmaMap, encoded on the host: cuda/tma.rs) describes ragged K or V, a
 // [tokens, heads, dim] view, as a 3-D tensor whose box is 64 elements of one head's vector by 64
-// tokens, or a paged cache as a 4-D tensor [pages, slots, heads, dim] (either order within a
-// page) whose box is 64 elements by min(page size, 64) slots of one page; both with the 128-byte
-// swizzle: a box lands as (part of) one column of the wgmma tile layout (smem_tile.cuh,
-// ATOM_ROWS = 64), rows of 128 bytes, chunk c of row r at (c ^ (r % 8)) * 16, at a 1024-byte
-// aligned address (boxes of at least 8 rows). Boxes past the tensor's end are zero-filled, and
-// still count their whole size.
+// tokens, with the 128-byte swizzle: a box lands as one column of the wgmma tile layout
+// (smem_tile.cuh, ATOM_ROWS = 64), 64 rows of 128 bytes, chunk c of row r at (c ^ (r % 8)) * 16,
+// its base 1024-byte aligned. Boxes past the tensor's end are zero-filled, and still count their
+// whole size.
 // One thread issues a tile's copies and the expected byte count on the tile's mbarrier; every
 // thread waits for the barrier's phase. A stage's barrier completes once per use, so the parity
 // a tile waits for is its use count of the stage, modulo 2.
@@ -49,11 +47,3 @@ __device__ __forceinline__ void tma_load_3d(u32_t dst, const TmaMap* map, int c0
       : "memory");
 }
 
-// The same for the box at (c0 elements, c1 heads, c2 slots, c3 pages) of a paged cache's map.
-__device__ __forceinline__ void tma_load_4d(u32_t dst, const TmaMap* map, int c0, int c1, int c2, int c3, u32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];" ::"r"(dst),
-      "l"(reinterpret_cast<u64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}

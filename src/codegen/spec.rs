@@ -192,10 +192,10 @@ impl KernelSpec {
     }
 
     /// Whether the kernel copies whole K/V tiles with the tensor memory accelerator when the
-    /// launch passes tensor maps (`prefill.cuh` `TMA_KV`): wgmma tiles with two K/V buffers,
-    /// over ragged K/V or a paged cache.
+    /// launch passes tensor maps (`prefill.cuh` `TMA_KV`): wgmma tiles with two K/V buffers over
+    /// ragged K/V.
     pub fn copies_kv_by_tma(&self) -> bool {
-        self.tile.wgmma && self.tile.kv_stages == 2
+        self.tile.wgmma && self.tile.kv_stages == 2 && self.kv == KvCache::Ragged
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.

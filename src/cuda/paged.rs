@@ -227,7 +227,6 @@ impl PagedPlan {
                 k_page_stride: k_page,
                 v_page_stride: v_page,
                 page_size: l.page_size,
-                num_pages: l.num_pages,
             }),
         };
         self.plan.launch(stream, qo, address)

@@ -12,7 +12,7 @@ use super::problem_arrays::ProblemArrays;
 use super::schedule::{
     choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
 };
-use super::tma::{kv_tensor_map, KvRowsView, KvView};
+use super::tma::{kv_tensor_map, KvView};
 use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
@@ -56,8 +56,6 @@ pub(crate) struct PageAddress {
     pub k_page_stride: i64,
     pub v_page_stride: i64,
     pub page_size: usize,
-    /// Pages in the cache (page ids run `0..num_pages`).
-    pub num_pages: usize,
 }
 
 /// The query and output side of a launch.
@@ -189,43 +187,31 @@ impl KernelPlan {
     /// accelerator (`KernelSpec::copies_kv_by_tma`); `None` for the other kernels and for views
     /// the accelerator cannot address.
     fn kv_tensor_maps(&self, kv: KvAddress) -> (Option<TmaMap>, Option<TmaMap>) {
-        if !self.spec.copies_kv_by_tma() {
+        if !self.spec.copies_kv_by_tma() || kv.pages.is_some() {
             return (None, None);
         }
         let p = &self.problem;
-        let view = |address, dim, token_stride, head_stride, page_stride| KvView {
+        let view = |address, dim, token_stride, head_stride| KvView {
             address,
             dtype: p.input_dtype,
+            tokens: p.batch.total_kv(),
             heads: p.num_kv_heads,
             dim,
             token_stride,
             head_stride,
-            rows: match kv.pages {
-                None => KvRowsView::Ragged {
-                    tokens: p.batch.total_kv(),
-                },
-                Some(pages) => KvRowsView::Paged {
-                    num_pages: pages.num_pages,
-                    page_size: pages.page_size,
-                    page_stride,
-                },
-            },
         };
-        let pages = kv.pages.unwrap_or_default();
         (
             kv_tensor_map(&view(
                 kv.k,
                 p.head_dims.qk(),
                 kv.k_stride_token,
                 kv.k_stride_head,
-                pages.k_page_stride,
             )),
             kv_tensor_map(&view(
                 kv.v,
                 p.head_dims.vo(),
                 kv.v_stride_token,
                 kv.v_stride_head,
-                pages.v_page_stride,
             )),
         )
     }

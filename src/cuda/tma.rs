@@ -1,15 +1,12 @@
 //! Tensor maps for the prefill kernels' K/V tile copies by the tensor memory accelerator
-//! (`kernels/tma.cuh`), swizzled as wgmma reads them (128-byte swizzle), each box 64 elements of
-//! one head's vector (128 bytes, the swizzle's span) by:
-//! - ragged K/V, a `[tokens, heads, dim]` view as a 3-D tensor: 64 tokens (a KV tile);
-//! - a paged cache as a 4-D tensor `[pages, slots, heads, dim]` (NHD or HND: only the strides
-//!   differ): `min(page size, 64)` slots of one page, so a tile takes one box per page (pages of
-//!   at least 8 slots, whose boxes start 1024-byte aligned in the tile).
+//! (`kernels/tma.cuh`): ragged K or V, a `[tokens, heads, dim]` view, as a 3-D tensor whose box
+//! is 64 elements of one head's vector (128 bytes, the span of the 128-byte swizzle) by 64
+//! tokens (a KV tile), swizzled as wgmma reads it. Encoded on the host for each launch (the
+//! driver only fills 128 bytes; no device call).
 //!
-//! Encoded on the host for each launch (the driver only fills 128 bytes; no device call). A view
-//! the accelerator cannot address (an unaligned base or stride, a dimension past its limits,
-//! pages of fewer than 8 slots) gets no map, and the kernel copies its tiles with `cp.async`
-//! instead: the same values, by the threads' own copies.
+//! A view the accelerator cannot address (an unaligned base or stride, a dimension past its
+//! limits) gets no map, and the kernel copies its tiles with `cp.async` instead: the same
+//! values, by the threads' own copies.
 
 use crate::codegen::TmaMap;
 use crate::dtype::DType;
@@ -18,41 +15,26 @@ use std::ffi::c_void;
 
 /// Elements of a head's vector per box: 128 bytes of 16-bit elements.
 const BOX_ELEMS: usize = 64;
-/// Tokens per box: the KV tile of the kernels that take the maps (at most).
-const BOX_TOKENS: usize = 64;
-/// The fewest slots a page may have for its boxes: 8 rows of 128 bytes, one swizzle period.
-const MIN_BOX_TOKENS: usize = 8;
+/// Tokens per box: the KV tile of the kernels that take the maps.
+const BOX_TOKENS: u32 = 64;
 /// The accelerator's limits: 16-byte aligned addresses and strides, strides below 2^40 bytes,
 /// dimensions of at most 2^32 elements.
 const ALIGN_BYTES: u64 = 16;
 const MAX_STRIDE_BYTES: u64 = 1 << 40;
 const MAX_DIM: u64 = 1 << 32;
 
-/// The shape of a K or V view, as the kernel reads it.
+/// The shape of a ragged K or V view, as the kernel reads it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KvView {
-    /// Device address of element 0 of head 0 of token 0 (of page 0).
+    /// Device address of element 0 of head 0 of token 0.
     pub address: u64,
     pub dtype: DType,
+    pub tokens: usize,
     pub heads: usize,
     pub dim: usize,
-    /// Strides in elements (paged: the token stride within a page).
+    /// Strides in elements.
     pub token_stride: i64,
     pub head_stride: i64,
-    pub rows: KvRowsView,
-}
-
-/// How the tokens of a [`KvView`] are laid out.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum KvRowsView {
-    /// One run of `tokens` rows.
-    Ragged { tokens: usize },
-    /// `num_pages` pages of `page_size` slots, `page_stride` elements apart.
-    Paged {
-        num_pages: usize,
-        page_size: usize,
-        page_stride: i64,
-    },
 }
 
 /// The tensor map of `view`, or `None` when the accelerator cannot address it (the reason is
@@ -94,52 +76,23 @@ fn encode(view: &KvView) -> Result<TmaMap, String> {
     if view.address % ALIGN_BYTES != 0 {
         return Err(format!("a base address {:#x}", view.address));
     }
-    // Innermost first: elements, heads, tokens (ragged) or slots and pages (paged).
-    let (dims, strides, box_dims, rank) = match view.rows {
-        KvRowsView::Ragged { tokens } => (
-            [view.dim as u64, view.heads as u64, tokens as u64, 1],
-            [head_stride, token_stride, 0],
-            [BOX_ELEMS as u32, 1, BOX_TOKENS as u32, 1],
-            3,
-        ),
-        KvRowsView::Paged {
-            num_pages,
-            page_size,
-            page_stride,
-        } => {
-            if page_size < MIN_BOX_TOKENS {
-                return Err(format!("pages of {page_size} slots"));
-            }
-            (
-                [
-                    view.dim as u64,
-                    view.heads as u64,
-                    page_size as u64,
-                    num_pages as u64,
-                ],
-                [
-                    head_stride,
-                    token_stride,
-                    stride_bytes(page_stride, "page")?,
-                ],
-                [BOX_ELEMS as u32, 1, page_size.min(BOX_TOKENS) as u32, 1],
-                4,
-            )
-        }
-    };
+    // Innermost first: elements, heads, tokens.
+    let dims = [view.dim as u64, view.heads as u64, view.tokens as u64];
     if dims.iter().any(|&d| d == 0 || d > MAX_DIM) {
         return Err(format!("dimensions {dims:?}"));
     }
-    let element_strides = [1u32; 4];
+    let strides = [head_stride, token_stride];
+    let box_dims = [BOX_ELEMS as u32, 1, BOX_TOKENS];
+    let element_strides = [1u32; 3];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every pointer refers to a live local array at least as long as the rank the call
-    // is given (rank - 1 for the strides of the outer dimensions), and `map` is written in place;
-    // the driver only encodes the description (the address is not dereferenced here).
+    // SAFETY: every pointer refers to a live local array of the rank (3) the call is given (2
+    // for the strides of the outer dimensions), and `map` is written in place; the driver only
+    // encodes the description (the address is not dereferenced here).
     let result = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             data_type,
-            rank,
+            3,
             view.address as *mut c_void,
             dims.as_ptr(),
             strides.as_ptr(),
