@@ -109,3 +109,82 @@ fn encode(view: &KvView) -> Result<TmaMap, String> {
     }
     Ok(TmaMap(map.opaque))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> KvView {
+        KvView {
+            address: 0x1000,
+            dtype: DType::F16,
+            tokens: 4096,
+            heads: 8,
+            dim: 128,
+            token_stride: 8 * 128,
+            head_stride: 128,
+        }
+    }
+
+    // The views the accelerator cannot address are turned away before the driver is asked, so
+    // these run without one; each names what is wrong.
+    #[test]
+    fn views_the_accelerator_cannot_address_get_no_map() {
+        let cases = [
+            (
+                KvView {
+                    dtype: DType::F32,
+                    ..view()
+                },
+                "f32 elements",
+            ),
+            (KvView { dim: 96, ..view() }, "96 elements"),
+            (
+                KvView {
+                    token_stride: 8 * 128 + 4,
+                    ..view()
+                },
+                "token stride",
+            ),
+            (
+                KvView {
+                    head_stride: 0,
+                    ..view()
+                },
+                "head stride",
+            ),
+            (
+                KvView {
+                    token_stride: -1024,
+                    ..view()
+                },
+                "token stride",
+            ),
+            (
+                KvView {
+                    address: 0x1008,
+                    ..view()
+                },
+                "base address",
+            ),
+            (
+                KvView {
+                    tokens: 0,
+                    ..view()
+                },
+                "dimensions",
+            ),
+            (
+                KvView {
+                    tokens: (1 << 32) + 1,
+                    ..view()
+                },
+                "dimensions",
+            ),
+        ];
+        for (v, why) in cases {
+            let err = encode(&v).expect_err(why);
+            assert!(err.contains(why), "{err:?} should name {why:?}");
+        }
+    }
+}
