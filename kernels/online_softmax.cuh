@@ -162,20 +162,24 @@ struct OnlineSoftmax {
 // with WITH_SUM their sum, else 0), p_pair (the row's two probabilities of n8 tile nt as packed
 // `P` input of the PV product) and sum_pair (the same two as f16, for the row sums by mma).
 
+// This thread's max of row (mq, h) of float logits in the m16n8 accumulator layout. Started from
+// the first pair rather than -inf: one FMNMX fewer per row, same max (fmaxf drops a NaN operand,
+// and the fmaxf with the running max absorbs an all-NaN row as -inf would).
+template <int MMA_Q, int KV_NT>
+__device__ __forceinline__ float thread_row_max_f32(const float (&s)[MMA_Q][KV_NT][4], int mq, int h) {
+  float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+  for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+  return raw;
+}
+
 // f32 logits (any QK accumulation, after the transform and the mask): p is kept as float
 // until p_pair rounds it to the input dtype.
 template <int MMA_Q, int KV_NT, typename P>
 struct F32Logits {
   float (&s)[MMA_Q][KV_NT][4];
 
-  // Started from the first pair rather than -inf: one FMNMX fewer per row, same max (fmaxf
-  // drops a NaN operand, and the fmaxf with the running max absorbs an all-NaN row as -inf would).
-  __device__ __forceinline__ float thread_row_max(int mq, int h) const {
-    float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
-#pragma unroll
-    for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
-    return raw;
-  }
+  __device__ __forceinline__ float thread_row_max(int mq, int h) const { return thread_row_max_f32(s, mq, h); }
   template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
     float sum = 0.0f;

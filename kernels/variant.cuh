@@ -34,7 +34,8 @@
 // This file turns the hooks into the logits the fast kernels' online softmax works with
 // (variant_logit) and into the plain natural logits and visibility the reference kernel uses
 // (variant_transform, variant_visible).
-// Requires: common.cuh and the rendered variant.
+// Requires: common.cuh and the rendered variant; FactoredSmallLogits also online_softmax.cuh
+// (thread_row_max_f32), which the reference kernel, which does not use it, leaves out.
 
 // Logit of one element in the units the online softmax takes; the softmax multiplies by its
 // scale inside the exponent's FFMA. With a transform: the natural logit transform(post_scale *
@@ -93,9 +94,7 @@ struct FactoredSmallLogits {
   const VariantParams& params;
 
   __device__ __forceinline__ float thread_row_max(int mq, int h) const {
-    float raw = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
-#pragma unroll
-    for (int nt = 1; nt < KV_NT; ++nt) raw = fmaxf(raw, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+    const float raw = thread_row_max_f32(s, mq, h);
     return raw * small_form_acc_factor_log2(params, raw);
   }
   template <bool WITH_SUM>
