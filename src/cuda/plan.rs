@@ -17,7 +17,8 @@ use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
 };
-use crate::problem::{AttentionProblem, Mask};
+use crate::jit::Arch;
+use crate::problem::{AttentionProblem, HeadDims, Mask};
 use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::Arc;
@@ -104,6 +105,26 @@ pub(crate) struct KernelPlan {
     arrays: ProblemArrays,
 }
 
+/// Refuses a tile that is not built for `arch` (a forced `PlanOptions::tile`; the planner picks
+/// only tiles that are): a wgmma tile off sm_90a, or on sm_90a an mma.sync tile that has a wgmma
+/// twin, which the error names.
+fn check_tile_runs_on(tile: TileConfig, arch: Arch, dims: HeadDims) -> Result<(), Error> {
+    if tile.runs_on(arch, dims) {
+        return Ok(());
+    }
+    let twin = tile.for_arch(arch, dims);
+    let supported = if twin != tile {
+        format!("its wgmma twin {} on {}", twin.label(), arch.name())
+    } else {
+        "wgmma (`g`) tiles on sm_90a (Hopper) devices".into()
+    };
+    Err(Error::Unsupported {
+        backend: "cuda",
+        what: format!("tile {} on {}", tile.label(), arch.name()),
+        supported,
+    })
+}
+
 impl KernelPlan {
     /// Plans `problem` (already validated by the caller) with K/V from `kv`, as `options` say.
     pub fn new(
@@ -117,19 +138,7 @@ impl KernelPlan {
         let tile = options
             .tile
             .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
-        if !tile.runs_on(arch, problem.head_dims) {
-            let twin = tile.for_arch(arch, problem.head_dims);
-            let supported = if twin != tile {
-                format!("its wgmma twin {} on {}", twin.label(), arch.name())
-            } else {
-                "wgmma (`g`) tiles on sm_90a (Hopper) devices".into()
-            };
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("tile {} on {}", tile.label(), arch.name()),
-                supported,
-            });
-        }
+        check_tile_runs_on(tile, arch, problem.head_dims)?;
         let spec = KernelSpec::for_problem(problem, kv, tile)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
@@ -328,5 +337,42 @@ impl KernelPlan {
             }?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::QkAccum;
+
+    fn d128() -> HeadDims {
+        HeadDims::new(128, 128).expect("head dims")
+    }
+
+    // A forced tile that is not built for the device is refused with the tile to use instead.
+    #[test]
+    fn a_tile_not_built_for_the_device_is_refused_naming_what_is() {
+        let dims = d128();
+        let tiles = TileConfig::row_tiles(dims, QkAccum::F32, KvCache::Ragged);
+        let twinned = tiles
+            .iter()
+            .copied()
+            .find(|t| !t.wgmma && !t.runs_on(Arch::Sm90a, dims))
+            .expect("an mma.sync tile with a wgmma twin at head dim 128");
+        let err = check_tile_runs_on(twinned, Arch::Sm90a, dims).expect_err("twinned on sm_90a");
+        let twin = twinned.for_arch(Arch::Sm90a, dims).label();
+        let text = err.to_string();
+        assert!(
+            text.contains(&twinned.label()) && text.contains(&twin),
+            "{text}"
+        );
+        assert!(check_tile_runs_on(twinned, Arch::Sm80, dims).is_ok());
+
+        let wgmma = twinned.for_arch(Arch::Sm90a, dims);
+        let text = check_tile_runs_on(wgmma, Arch::Sm80, dims)
+            .expect_err("wgmma on sm_80")
+            .to_string();
+        assert!(text.contains("sm_90a"), "{text}");
+        assert!(check_tile_runs_on(wgmma, Arch::Sm90a, dims).is_ok());
     }
 }
