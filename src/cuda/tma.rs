@@ -22,6 +22,8 @@ const BOX_TOKENS: u32 = 64;
 const ALIGN_BYTES: u64 = 16;
 const MAX_STRIDE_BYTES: u64 = 1 << 40;
 const MAX_DIM: u64 = 1 << 32;
+/// The kernels' box coordinates are `int`s: the token coordinate of a box must stay below 2^31.
+const MAX_TOKENS: u64 = i32::MAX as u64;
 
 /// The shape of a ragged K or V view, as the kernel reads it.
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +80,7 @@ fn encode(view: &KvView) -> Result<TmaMap, String> {
     }
     // Innermost first: elements, heads, tokens.
     let dims = [view.dim as u64, view.heads as u64, view.tokens as u64];
-    if dims.iter().any(|&d| d == 0 || d > MAX_DIM) {
+    if dims.iter().any(|&d| d == 0 || d > MAX_DIM) || dims[2] > MAX_TOKENS {
         return Err(format!("dimensions {dims:?}"));
     }
     let strides = [head_stride, token_stride];
@@ -176,7 +178,15 @@ mod tests {
             ),
             (
                 KvView {
-                    tokens: (1 << 32) + 1,
+                    tokens: 1 << 31,
+                    ..view()
+                },
+                "dimensions",
+            ),
+            (
+                KvView {
+                    heads: (1 << 32) + 1,
+                    head_stride: 128,
                     ..view()
                 },
                 "dimensions",
