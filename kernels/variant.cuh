@@ -16,6 +16,9 @@
 //   float small_form_acc_limit(const VariantParams& params);
 //   float logits_transform_small(...), logits_transform_small_from_acc(...);  // as the two above
 //   float small_form_acc_factor_log2(const VariantParams& params, float acc);
+//   constexpr bool VARIANT_HAS_SHORT_FORM;
+//   float short_form_acc_limit(const VariantParams& params);
+//   float short_form_acc_factor_log2(const VariantParams& params, float acc);
 // `s` is always the scaled logit as a float (sm_scale * q.k), whatever the QK accumulation type:
 // kernels widen an f16 accumulator exactly before the call, so a variant never meets a half.
 // `logits_transform_from_acc` is the same function of `s = post_scale * acc` taken from the
@@ -29,7 +32,9 @@
 // warp-uniform choice), and the full form otherwise; a custom variant never has one. Its
 // accumulator form is a non-decreasing function of acc alone on that range, also given factored in
 // log2 units: acc * small_form_acc_factor_log2(acc) = LOG2E * logits_transform_small_from_acc(acc)
-// (FactoredSmallLogits below).
+// (FactoredSmallLogits below). A small form may have a short form still (VARIANT_HAS_SHORT_FORM:
+// the soft-cap's quadratic factor, for |s| <= cap / 10), given only factored, under a smaller
+// limit, with the same bound and monotonicity; kernels take it for a sub-tile the same way.
 // Indices are local to the request (0 <= qo_idx < qo_len, 0 <= kv_idx < kv_len).
 // This file turns the hooks into the logits the fast kernels' online softmax works with
 // (variant_logit) and into the plain natural logits and visibility the reference kernel uses
@@ -88,18 +93,23 @@ __device__ __forceinline__ bool variant_visible(const VariantParams& params, int
 // (small_form_acc_factor_log2, log2 units), the form's last product and the softmax's scale
 // merged: one instruction per logit fewer than transform, then exponent. `scale` is unused (the
 // factor holds LOG2E). After the update the probabilities are in `s`, as F32Logits leaves them.
-template <int MMA_Q, int KV_NT>
+// SHORT: the short form's factor (which the caller has checked holds) instead of the small form's.
+template <int MMA_Q, int KV_NT, bool SHORT>
 struct FactoredSmallLogits {
   float (&s)[MMA_Q][KV_NT][4];
   const VariantParams& params;
 
+  __device__ __forceinline__ float factor(float acc) const {
+    static_assert(!SHORT || VARIANT_HAS_SHORT_FORM, "the short form of a variant that has one");
+    return SHORT ? short_form_acc_factor_log2(params, acc) : small_form_acc_factor_log2(params, acc);
+  }
   __device__ __forceinline__ float thread_row_max(int mq, int h) const {
     const float raw = thread_row_max_f32(s, mq, h);
-    return raw * small_form_acc_factor_log2(params, raw);
+    return raw * factor(raw);
   }
   template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float, float offset) const {
-    auto p = [&](float a) { return exp2_approx(fmaf(a, small_form_acc_factor_log2(params, a), -offset)); };
+    auto p = [&](float a) { return exp2_approx(fmaf(a, factor(a), -offset)); };
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) {

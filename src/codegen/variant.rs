@@ -40,6 +40,14 @@ const SOFTCAP_SMALL_FACTOR_LOG2: &str = "return even_poly6(acc, params.softcap_s
 /// The accumulators the soft-cap's small form holds for: `|acc| <= softcap_small_acc_limit`, that
 /// is `|s| <= cap / 2`.
 const SOFTCAP_SMALL_LIMIT: &str = "return params.softcap_small_acc_limit;";
+/// The soft-cap's short form, factored as the small one: `factor = LOG2E post_scale (1 + c1 (s /
+/// cap)^2)` with the `c1` of [`SOFTCAP_SHORT_POLY`], for `|s| <= SOFTCAP_SHORT_X cap`: one FMUL
+/// and one FFMA per logit before the exponent's FFMA, against the small form's FMUL and three
+/// FFMA.
+const SOFTCAP_SHORT_FACTOR_LOG2: &str =
+    "return fmaf(acc * acc, params.softcap_short_acc_log2_c1, params.softcap_short_acc_log2_c0);";
+/// The accumulators the short form holds for: `|acc| <= softcap_short_acc_limit`.
+const SOFTCAP_SHORT_LIMIT: &str = "return params.softcap_short_acc_limit;";
 
 /// `tanh(x) / x` on `|x| <= SOFTCAP_SMALL_X` as `1 + c1 x^2 + c2 x^4 + c3 x^6`: the coefficients
 /// `c1, c2, c3`, fitted offline (minimax of the absolute error of `x P(x^2)` against `tanh x`, by
@@ -49,6 +57,13 @@ const SOFTCAP_SMALL_LIMIT: &str = "return params.softcap_small_acc_limit;";
 pub const SOFTCAP_SMALL_POLY: [f64; 3] = [-0.33326461, 0.13185866, -0.04422941];
 /// The largest `|s| / cap` the small form covers.
 pub const SOFTCAP_SMALL_X: f64 = 0.5;
+/// `tanh(x) / x` on `|x| <= SOFTCAP_SHORT_X` as `1 + c1 x^2`: `c1` fitted offline (minimax of the
+/// absolute error of `x (1 + c1 x^2)` against `tanh x`, by ternary search). Its own error is
+/// 1.8e-7, and the kernel's evaluation stays within the small form's bound, 2.3e-7 * cap (the
+/// test below).
+pub const SOFTCAP_SHORT_POLY: f64 = -0.33217884;
+/// The largest `|s| / cap` the short form covers.
+pub const SOFTCAP_SHORT_X: f64 = 0.1;
 
 /// Body of the ALiBi transform: the key's distance to the query's position, times the slope.
 const ALIBI_TRANSFORM: &str =
@@ -92,6 +107,19 @@ pub struct SmallForm {
     pub acc_factor_log2: String,
     /// Returns the limit on `|acc|`.
     pub acc_limit: String,
+    /// A cheaper factor still, for a smaller range, if the variant has one.
+    pub short: Option<ShortForm>,
+}
+
+/// A built-in small form's cheaper factored form for `|acc| <= limit`, a limit within the small
+/// form's (kernels/variant.cuh: `short_form_acc_factor_log2`, `short_form_acc_limit`), with the
+/// same error bound and the same monotonicity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShortForm {
+    /// The factor `f` in log2 units, as [`SmallForm::acc_factor_log2`].
+    pub acc_factor_log2: String,
+    /// Returns the limit on `|acc|`.
+    pub acc_limit: String,
 }
 
 impl VariantCode {
@@ -117,6 +145,10 @@ impl VariantCode {
                     transform_from_acc: SOFTCAP_SMALL_TRANSFORM_FROM_ACC.to_string(),
                     acc_factor_log2: SOFTCAP_SMALL_FACTOR_LOG2.to_string(),
                     acc_limit: SOFTCAP_SMALL_LIMIT.to_string(),
+                    short: Some(ShortForm {
+                        acc_factor_log2: SOFTCAP_SHORT_FACTOR_LOG2.to_string(),
+                        acc_limit: SOFTCAP_SHORT_LIMIT.to_string(),
+                    }),
                 }),
                 ..builtin(
                     Some(SOFTCAP_TRANSFORM),
@@ -138,6 +170,9 @@ impl VariantCode {
                         ("softcap_small_acc_log2_c2", ParamType::F32),
                         ("softcap_small_acc_log2_c3", ParamType::F32),
                         ("softcap_small_acc_limit", ParamType::F32),
+                        ("softcap_short_acc_log2_c0", ParamType::F32),
+                        ("softcap_short_acc_log2_c1", ParamType::F32),
+                        ("softcap_short_acc_limit", ParamType::F32),
                     ],
                 )
             },
@@ -187,6 +222,8 @@ pub fn param_values(variant: &Variant, post_scale: f32) -> Vec<ParamValue> {
             values.extend(small.acc_coeffs.map(ParamValue::F32));
             values.extend(small.acc_log2_coeffs.map(ParamValue::F32));
             values.push(ParamValue::F32(small.acc_limit));
+            values.extend(small.short_acc_log2_coeffs.map(ParamValue::F32));
+            values.push(ParamValue::F32(small.short_acc_limit));
             values
         }
         Variant::Alibi { slopes } => vec![ParamValue::F32Array(slopes.clone())],
@@ -214,6 +251,22 @@ pub struct SoftCapSmall {
     /// The largest `|acc|` the small form is taken for: `SOFTCAP_SMALL_X cap / post_scale`,
     /// rounded down.
     pub acc_limit: f32,
+    /// `LOG2E post_scale`, then `LOG2E post_scale c1 (post_scale / cap)^2` with the short form's
+    /// `c1`: its factor of `acc` in log2 units.
+    pub short_acc_log2_coeffs: [f32; 2],
+    /// The largest `|acc|` the short form is taken for: `SOFTCAP_SHORT_X cap / post_scale`,
+    /// rounded down.
+    pub short_acc_limit: f32,
+}
+
+/// `limit` as an f32 no larger than it.
+fn f32_at_most(limit: f64) -> f32 {
+    let rounded = limit as f32;
+    if f64::from(rounded) > limit {
+        f32::from_bits(rounded.to_bits() - 1)
+    } else {
+        rounded
+    }
 }
 
 impl SoftCapSmall {
@@ -231,16 +284,14 @@ impl SoftCapSmall {
         ];
         let acc_coeffs = acc.map(|c| c as f32);
         let acc_log2_coeffs = acc.map(|c| (c * std::f64::consts::LOG2_E) as f32);
-        let limit = SOFTCAP_SMALL_X * cap / ps;
-        let mut acc_limit = limit as f32;
-        if f64::from(acc_limit) > limit {
-            acc_limit = f32::from_bits(acc_limit.to_bits() - 1);
-        }
+        let short = [ps, ps * SOFTCAP_SHORT_POLY * r.powi(2)];
         SoftCapSmall {
             s_coeffs,
             acc_coeffs,
             acc_log2_coeffs,
-            acc_limit,
+            acc_limit: f32_at_most(SOFTCAP_SMALL_X * cap / ps),
+            short_acc_log2_coeffs: short.map(|c| (c * std::f64::consts::LOG2_E) as f32),
+            short_acc_limit: f32_at_most(SOFTCAP_SHORT_X * cap / ps),
         }
     }
 }
@@ -288,17 +339,21 @@ const SMALL_TRANSFORM_FROM_ACC_SIGNATURE: &str =
 const SMALL_FACTOR_SIGNATURE: &str =
     "float small_form_acc_factor_log2(const VariantParams& params, float acc)";
 const SMALL_LIMIT_SIGNATURE: &str = "float small_form_acc_limit(const VariantParams& params)";
+const SHORT_FACTOR_SIGNATURE: &str =
+    "float short_form_acc_factor_log2(const VariantParams& params, float acc)";
+const SHORT_LIMIT_SIGNATURE: &str = "float short_form_acc_limit(const VariantParams& params)";
 
 /// Renders the variant block onto `out` (which already holds `out.lines().count()` lines of the
 /// file named `file`), recording where each snippet lands.
 pub fn render(code: &VariantCode, out: &mut String, spans: &mut Vec<SnippetSpan>, file: &str) {
     let _ = writeln!(
         out,
-        "// Variant: {}\nconstexpr bool VARIANT_HAS_TRANSFORM = {};\nconstexpr bool VARIANT_TRANSFORM_FROM_ACC = {};\nconstexpr bool VARIANT_HAS_SMALL_FORM = {};\nconstexpr bool VARIANT_HAS_MASK = {};\nconstexpr bool VARIANT_HAS_SINK = {};",
+        "// Variant: {}\nconstexpr bool VARIANT_HAS_TRANSFORM = {};\nconstexpr bool VARIANT_TRANSFORM_FROM_ACC = {};\nconstexpr bool VARIANT_HAS_SMALL_FORM = {};\nconstexpr bool VARIANT_HAS_SHORT_FORM = {};\nconstexpr bool VARIANT_HAS_MASK = {};\nconstexpr bool VARIANT_HAS_SINK = {};",
         code.origin,
         code.transform.is_some(),
         code.transform_from_acc.is_some(),
         code.small.is_some(),
+        code.small.as_ref().is_some_and(|f| f.short.is_some()),
         code.mask.is_some(),
         code.sink.is_some()
     );
@@ -352,6 +407,23 @@ pub fn render(code: &VariantCode, out: &mut String, spans: &mut Vec<SnippetSpan>
         label("small_form_acc_limit"),
         SMALL_LIMIT_SIGNATURE,
         small.map_or("return 0.0f;", |f| &f.acc_limit),
+        file,
+    );
+    let short = small.and_then(|f| f.short.as_ref());
+    hook(
+        out,
+        spans,
+        label("short_form_acc_factor_log2"),
+        SHORT_FACTOR_SIGNATURE,
+        short.map_or("return LOG2E;", |f| &f.acc_factor_log2),
+        file,
+    );
+    hook(
+        out,
+        spans,
+        label("short_form_acc_limit"),
+        SHORT_LIMIT_SIGNATURE,
+        short.map_or("return 0.0f;", |f| &f.acc_limit),
         file,
     );
     hook(
@@ -472,6 +544,47 @@ mod tests {
                 previous_log2 = rounded;
             }
             assert!(odd_poly7(f32::NAN, [1.0, c1, c2, c3]).is_nan());
+        }
+    }
+
+    /// The short form, as the kernels evaluate it (`fmaf(acc * acc, c1, c0)`, then the exponent's
+    /// FFMA, exact here as above), agrees with `cap tanh(s / cap)` within the small form's bound
+    /// wherever the kernel takes it (`|acc| <= short_acc_limit`), is non-decreasing there, and its
+    /// limit stays within `|s| <= SOFTCAP_SHORT_X cap` and within the small form's.
+    #[test]
+    fn soft_cap_short_form_is_within_its_bound() {
+        for (cap, post_scale) in [
+            (50.0f32, 0.088388346f32),
+            (30.0, 0.125),
+            (2.0, 0.0625),
+            (0.05, 1.0),
+        ] {
+            let small = SoftCapSmall::new(cap, post_scale);
+            let [c0, c1] = small.short_acc_log2_coeffs;
+            let limit = small.short_acc_limit;
+            assert!(
+                f64::from(limit) * f64::from(post_scale)
+                    <= SOFTCAP_SHORT_X * f64::from(cap) * (1.0 + 1e-6)
+            );
+            assert!(limit < small.acc_limit);
+            let bound = 2.3e-7 * f64::from(cap) * std::f64::consts::LOG2_E;
+            let steps = 200_000;
+            let mut previous = f32::NEG_INFINITY;
+            for i in -steps..=steps {
+                let acc = limit * i as f32 / steps as f32;
+                let factor = (acc * acc).mul_add(c1, c0);
+                let log2 = f64::from(acc) * f64::from(factor);
+                let exact = f64::from(cap)
+                    * (f64::from(acc) * f64::from(post_scale) / f64::from(cap)).tanh()
+                    * std::f64::consts::LOG2_E;
+                assert!(
+                    (log2 - exact).abs() <= bound,
+                    "cap {cap}, acc {acc}: {log2} vs {exact} (log2 units)"
+                );
+                let rounded = acc * factor;
+                assert!(rounded >= previous, "cap {cap}, acc {acc}: decreasing");
+                previous = rounded;
+            }
         }
     }
 }
