@@ -60,8 +60,9 @@ fn the_reference_renders_the_fast_kernels_mask_and_variant_code() {
     }
     assert_eq!(
         r.snippets.len(),
-        8,
-        "transform, transform from the accumulator, the small form's four hooks, mask and sink"
+        10,
+        "transform, transform from the accumulator, the small form's four hooks, the short form's \
+         two, mask and sink"
     );
 }
 
