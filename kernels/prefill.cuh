@@ -423,8 +423,8 @@ __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoord
       }
 }
 
-// Whether the variant's small form holds for every accumulator of the warp's sub-tile (a NaN
-// accumulator counts as within: both forms keep NaN). Warp-uniform.
+// The largest |accumulator| of this thread's part of a sub-tile (a NaN accumulator is passed
+// over, so it counts as within either form: both keep NaN).
 template <int NT>
 __device__ __forceinline__ float largest_magnitude(const float (&s)[MMA_Q][NT][4]) {
   float largest = 0.0f;
@@ -436,6 +436,9 @@ __device__ __forceinline__ float largest_magnitude(const float (&s)[MMA_Q][NT][4
       for (int e = 0; e < 4; ++e) largest = fmaxf(largest, fabsf(s[mq][nt][e]));
   return largest;
 }
+
+// Whether the variant's small form holds for every accumulator of the warp's sub-tile.
+// Warp-uniform.
 template <int NT>
 __device__ __forceinline__ bool small_form_holds(const VariantParams& params, const float (&s)[MMA_Q][NT][4]) {
   return __all_sync(0xffffffffu, largest_magnitude(s) <= small_form_acc_limit(params));

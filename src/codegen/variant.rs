@@ -59,7 +59,7 @@ pub const SOFTCAP_SMALL_POLY: [f64; 3] = [-0.33326461, 0.13185866, -0.04422941];
 pub const SOFTCAP_SMALL_X: f64 = 0.5;
 /// `tanh(x) / x` on `|x| <= SOFTCAP_SHORT_X` as `1 + c1 x^2`: `c1` fitted offline (minimax of the
 /// absolute error of `x (1 + c1 x^2)` against `tanh x`, by ternary search). Its own error is
-/// 1.8e-7, and the kernel's evaluation stays within the small form's bound, 2.3e-7 * cap (the
+/// 1.73e-7, and the kernel's evaluation stays within the small form's bound, 2.3e-7 * cap (the
 /// test below).
 pub const SOFTCAP_SHORT_POLY: f64 = -0.33217884;
 /// The largest `|s| / cap` the short form covers.
