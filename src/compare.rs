@@ -18,7 +18,7 @@
 
 use crate::dtype::DType;
 use crate::output::AttentionOutput;
-use crate::problem::AttentionProblem;
+use crate::problem::{AttentionProblem, QkAccum};
 use crate::reference::{ReferenceOutput, RowOutput};
 use std::fmt;
 
@@ -68,6 +68,14 @@ const F32_REL_L2: f64 = 1e-5;
 const HALF_LSE_ABS: f64 = 1e-3;
 /// LSE tolerance with f32 inputs.
 const F32_LSE_ABS: f64 = 1e-5;
+/// Extra LSE tolerance with f16 QK accumulation: the tensor cores' f16-accumulating MMA is not
+/// bit for bit the reference's model of it (each k16 step's exact sum rounded to nearest,
+/// `reference::logits`). On an H200 (session 19 run 1, `docs/results/s19/f16acc_probe.cu`) the
+/// model reproduces 99.9945% of 2M random `mma.sync.m16n8k16` outputs and the rest differ by up to
+/// 2 ulp of f16, at most `2^-9` of the accumulator. A logit takes the accumulator times a
+/// constant, and the LSE is a weighted mean of the logits' errors: one such step moves the LSE by
+/// up to `2^-9 * |logit|`, 1.4e-3 in a one-key row of a head-dim-256 case at seed 212 (session 18).
+const F16_ACCUM_LSE_SLACK: f64 = 1.0 / 512.0;
 /// Relative L2 tolerance of the GPU reference against the exact reference.
 const GPU_REFERENCE_REL_L2: f64 = 1e-4;
 /// LSE tolerance of the GPU reference against the exact reference.
@@ -104,15 +112,21 @@ impl Tolerance {
         }
     }
 
-    /// The looser of the tolerances of the problem's input and output dtypes.
+    /// The looser of the tolerances of the problem's input and output dtypes; with f16 QK
+    /// accumulation the LSE's widened by [`F16_ACCUM_LSE_SLACK`] (the hardware's rounding differs
+    /// from the reference's model by up to 2 ulp of f16, rarely).
     pub fn for_problem(p: &AttentionProblem) -> Tolerance {
         let (a, b) = (
             Tolerance::for_dtype(p.input_dtype),
             Tolerance::for_dtype(p.output_dtype),
         );
+        let accum_slack = match p.qk_accum {
+            QkAccum::F32 => 0.0,
+            QkAccum::F16 => F16_ACCUM_LSE_SLACK,
+        };
         Tolerance {
             rel_l2: a.rel_l2.max(b.rel_l2),
-            lse_abs: a.lse_abs.max(b.lse_abs),
+            lse_abs: a.lse_abs.max(b.lse_abs) + accum_slack,
         }
     }
 }
