@@ -195,6 +195,12 @@ __device__ __forceinline__ int lane_id() {
   return lane;
 }
 
+// `x`, which every lane of the (converged) warp holds, returned as lane 0's copy: a value ptxas
+// then knows to be the same across the warp, so what is computed from it can stay in uniform
+// registers (with wgmma: the descriptors of each product, one uniform instruction each rather
+// than vector instructions and moves into uniform registers).
+__device__ __forceinline__ u32_t warp_uniform(u32_t x) { return __shfl_sync(0xffffffffu, x, 0); }
+
 // Max and sum over the 32 lanes of a warp (every lane gets the result).
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
