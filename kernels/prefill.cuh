@@ -700,9 +700,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // With wgmma: this warp's warpgroup, and the warp within it (written so that with one
   // warpgroup the compiler sees 0 and `warp`, which it cannot infer from threadIdx). With f16 QK
   // the warpgroup is made warp-uniform for ptxas (warp_uniform), so the Q descriptors of S = Q K^T
-  // stay in uniform registers: 26 instructions per tile fewer and 8 vector registers free (f16
-  // D=128 causal; SASS, NVRTC 13). With f32 QK the same serialized the wgmma products
-  // (ptxas: insufficient register resources).
+  // stay in uniform registers and 8 vector registers are free; with the buffer index below, S =
+  // Q K^T takes 103 -> 76 instructions per tile and warp (f16 D=128 causal; SASS, NVRTC 13). With
+  // f32 QK the same serialized the wgmma products (ptxas: insufficient register resources).
   const int warpgroup =
       NUM_WARPS > 4 ? (spec::QK_F16_ACCUM ? static_cast<int>(warp_uniform(warp / 4)) : warp / 4) : 0;
   const int warp_in_group = NUM_WARPS > 4 ? warp % 4 : warp;
