@@ -4,8 +4,8 @@
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
 // f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
-// even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, warp_max, warp_sum, shfl_i64, request_of,
-// FastDivisor, TmaMap, the mask-kind constants, LOG2E and LN2.
+// even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, thread_index, warp_max, warp_sum,
+// shfl_i64, request_of, FastDivisor, TmaMap, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;
 typedef unsigned int u32_t;
@@ -200,6 +200,14 @@ __device__ __forceinline__ int lane_id() {
 // registers (with wgmma: the descriptors of each product, one uniform instruction each rather
 // than vector instructions and moves into uniform registers).
 __device__ __forceinline__ u32_t warp_uniform(u32_t x) { return __shfl_sync(0xffffffffu, x, 0); }
+
+// This thread's index in the (one-dimensional) CTA, read afresh as lane_id() is: for a value that
+// is cheaper to derive again where it is used than to hold through a loop.
+__device__ __forceinline__ int thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
 
 // Max and sum over the 32 lanes of a warp (every lane gets the result).
 __device__ __forceinline__ float warp_max(float x) {

@@ -144,6 +144,8 @@ __device__ __forceinline__ void wgmma_wait() {
 #define AF_WGMMA_D32_TEXT                                                                               \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
   "%27,%28,%29,%30,%31}"
+#define AF_WGMMA_D16(d) AF_WGMMA_D4(d, 0), AF_WGMMA_D4(d, 1), AF_WGMMA_D4(d, 2), AF_WGMMA_D4(d, 3)
+#define AF_WGMMA_D16_TEXT "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 
 // d (+)= A B, m64n64k16, f32 accumulators, A and B (K-major) from shared memory; `accumulate`
 // false overwrites d.
@@ -152,6 +154,12 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], u64_t a_des
 // d += A B, m64n64k16, f32 accumulators, A from registers, B N-major (rows of K) from shared memory.
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[8][4], const u32_t (&a)[4], u64_t b_desc);
+// d (+)= A B, m64n32k16: as wgmma_m64n64k16_ss over 32 columns of B (its first 32 rows, K-major,
+// from the descriptor's address): per thread 4 n8 tiles of 4 floats in the same layout, the first
+// four of m64n64k16's (16 registers: N / 2). Sub-tiles of 32 keys of a 64-row K tile (4096 bytes,
+// four 8-row groups, apart: the swizzle's 1024-byte period is kept).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], u64_t a_desc, u64_t b_desc, bool accumulate);
 
 #define AF_WGMMA_SPECIALISE(T, PTX_T)                                                                         \
   template <>                                                                                                 \
@@ -171,6 +179,15 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[8][4], cons
                  ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}"                                                   \
                  : AF_WGMMA_D32(d)                                                                            \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));                          \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_m64n32k16_ss<T>(float (&d)[4][4], u64_t a_desc, u64_t b_desc,         \
+                                                        bool accumulate) {                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32" PTX_T PTX_T " " AF_WGMMA_D16_TEXT              \
+                 ", %16, %17, p, 1, 1, 0, 0;\n}"                                                              \
+                 : AF_WGMMA_D16(d)                                                                            \
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));                             \
   }
 AF_WGMMA_SPECIALISE(f16_t, ".f16")
 AF_WGMMA_SPECIALISE(bf16_t, ".bf16")

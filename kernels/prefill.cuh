@@ -72,10 +72,6 @@ constexpr int QK_CHUNKS = spec::HEAD_DIM_QK / 8;  // 16-byte chunks per Q/K row
 constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
 constexpr int KV_NT = KV_SUB / 8;                  // n8 tiles of S per m16 tile
 constexpr int VO_NT = spec::HEAD_DIM_VO / 8;       // n8 tiles of O per m16 tile
-// f16 QK accumulation: a sub-tile whose logits need a transform, a mask or an overflow fallback
-// turns its accumulators into floats in pieces of this many keys, so that with 64-key sub-tiles
-// no float copy of more than 32 keys' logits is live.
-constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 ? 32 : 16;
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
 constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
 constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
@@ -134,6 +130,42 @@ constexpr bool TRANSFORM_FROM_ACC = spec::QK_F16_ACCUM || WGMMA;
 // s8192, +8.3% GQA 32/8 s8192, +3.6% f16 QK, +1.4% D=256; soft-cap 2, whose logits are past the
 // short form, -1.4%; no variant unchanged, same SASS).
 constexpr bool FACTORED_SMALL_FORM = VARIANT_HAS_SMALL_FORM && TRANSFORM_FROM_ACC;
+// The tiles whose output accumulators and 64-key logits fill a thread's registers: head dim 128
+// over 64-key sub-tiles, two warpgroups with wgmma (64 output floats, 128 registers a thread at
+// two CTAs per SM) or 32-row warps with mma.sync (128 output floats, 255 registers).
+constexpr bool ACCUMULATOR_BOUND =
+    spec::HEAD_DIM_VO == 128 && KV_SUB == 64 && (WGMMA ? NUM_WARPS == 8 : MMA_Q == 2);
+// Whether the logits take more than the accumulators and the causal mask: a transform of the
+// scaled float logit (custom and ALiBi transforms, which take the elements' indices; the soft-cap
+// where it is not taken from the accumulator: mma.sync with f32 QK), the variant's own mask, a
+// sliding window or a custom mask. In an accumulator-bound tile these are the kernels ptxas
+// spilled for (NVRTC 13, session 19: 113 of the 2884 kernels of the matrix, all of them in such
+// tiles, most of them with such logits): they compute smaller pieces at a time (F32_PIECE,
+// F16_FLOAT_PIECE) and derive the values the loop's indices come from where they are used,
+// rather than holding them through the loop (LOOP_ROWS_FRESH, Q_DESC_IN_LOOP). Every other
+// kernel (the headline ones among them: no variant, unmasked or causal) keeps its code.
+constexpr bool HEAVY_LOGITS =
+    ACCUMULATOR_BOUND && ((VARIANT_HAS_TRANSFORM && !(TRANSFORM_FROM_ACC && VARIANT_TRANSFORM_FROM_ACC)) ||
+                          VARIANT_HAS_MASK || spec::MASK_KIND == MASK_SLIDING_WINDOW || spec::MASK_KIND == MASK_CUSTOM);
+// f32 QK accumulation: S = Q K^T, the logits, the softmax update and P V of a sub-tile run in
+// pieces of this many keys (with wgmma one m64n32k16 product per m64 tile and k16 step and piece;
+// with mma.sync half of the n8 tiles per piece), so that 32 keys' logits are live, not 64.
+constexpr int F32_PIECE = HEAVY_LOGITS ? 32 : KV_SUB;
+// f16 QK accumulation: a sub-tile whose logits need a transform, a mask or an overflow fallback
+// turns its accumulators into floats in pieces of this many keys, so that with 64-key sub-tiles
+// no float copy of more than 32 keys' logits is live; with heavy logits on mma.sync (32-row
+// warps: four rows a thread) of 16 keys.
+constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 && !(HEAVY_LOGITS && !WGMMA) ? 32 : 16;
+// Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
+// from a fresh read of the lane id (LoopRows), rather than holding the ones computed before the
+// loop through it, as the epilogue does (see the end of run_cta).
+constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS;
+// Whether two-warpgroup f16-QK kernels with heavy logits derive their warpgroup's Q base (the
+// products' A descriptor) from a fresh read of the thread index in each sub-tile, rather than
+// holding it through the loop.
+constexpr bool Q_DESC_IN_LOOP = HEAVY_LOGITS && WGMMA && NUM_WARPS == 8 && spec::QK_F16_ACCUM;
+static_assert(KV_SUB % F32_PIECE == 0 && F32_PIECE % 16 == 0, "f32 pieces: whole k16 blocks of P");
+static_assert(!SINGLE_BUFFER || F32_PIECE == KV_SUB, "one K/V buffer: K_{t+1} loads during the only piece's P V");
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
 // (2^-11 relative), which moves a row's sum, and so the LSE, by at most 5e-4. With f16 inputs
 // that is P itself; bf16 P (2^-8) could move the LSE by 4e-3, beyond its 1e-3 bound, so bf16
@@ -212,18 +244,19 @@ struct FragAddrs {
         v(lane % 16, lane / 16) {}
 };
 
-// S = Q K^T for this warp's rows over one KV sub-tile (K rows from `k_base`): the fragment loads
-// both accumulator types share. `mma(acc, a, b0, b1)` accumulates one m16n8k16 product into `acc`
-// (float[4] or the two f16x2 registers of an f16 accumulator), which the caller has zeroed.
-template <typename Acc, typename Mma>
-__device__ __forceinline__ void qk_tiles(const FragAddrs& f, u32_t k_base, Acc (&acc)[MMA_Q][KV_NT], Mma mma) {
+// S = Q K^T for this warp's rows over NT * 8 keys (K rows from `k_base`: a sub-tile, or a piece
+// of one): the fragment loads both accumulator types share. `mma(acc, a, b0, b1)` accumulates one
+// m16n8k16 product into `acc` (float[4] or the two f16x2 registers of an f16 accumulator), which
+// the caller has zeroed.
+template <int NT, typename Acc, typename Mma>
+__device__ __forceinline__ void qk_tiles(const FragAddrs& f, u32_t k_base, Acc (&acc)[MMA_Q][NT], Mma mma) {
 #pragma unroll
   for (int kk = 0; kk < spec::HEAD_DIM_QK / 16; ++kk) {
     u32_t a[MMA_Q][4];
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq) ldmatrix_x4(a[mq], f.q.at(f.q_base, mq * 16, kk * 2));
 #pragma unroll
-    for (int nb = 0; nb < KV_SUB / 16; ++nb) {
+    for (int nb = 0; nb < NT / 2; ++nb) {
       u32_t b[4];
       ldmatrix_x4(b, f.k.at(k_base, nb * 16, kk * 2));
 #pragma unroll
@@ -235,12 +268,13 @@ __device__ __forceinline__ void qk_tiles(const FragAddrs& f, u32_t k_base, Acc (
   }
 }
 
-// S = Q K^T with f32 accumulators.
-__device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (&s)[MMA_Q][KV_NT][4]) {
+// S = Q K^T with f32 accumulators over NT * 8 keys.
+template <int NT>
+__device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
-    for (int nt = 0; nt < KV_NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
   qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
@@ -251,8 +285,8 @@ constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 
 // The products of S = Q K^T by wgmma: for each m64 tile mq of the warpgroup's rows (from Q row
 // `q_base` on; this warp's 16 rows of it in the accumulator of tile mq) and k16 step kk,
-// `product(mq, kk, a, b)` issues one m64n64k16 product of the descriptors a (Q) and b (the
-// sub-tile's 64 K rows), both K-major in shared memory (a k16 step is 32 bytes into a column's
+// `product(mq, kk, a, b)` issues one product (m64n64k16, or m64n32k16 for a piece) of the
+// descriptors a (Q) and b (the K rows from `k_base` on), both K-major in shared memory (a k16 step is 32 bytes into a column's
 // swizzled rows, four steps a column). Waits for the products before returning.
 template <typename Product>
 __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Product product) {
@@ -271,12 +305,17 @@ __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Pr
   wgmma_wait<0>();
 }
 
-// S = Q K^T with f32 accumulators by wgmma.
+// S = Q K^T with f32 accumulators by wgmma over the NT * 8 keys from `k_base` on: a whole 64-key
+// sub-tile (m64n64k16 products) or a 32-key piece of one (m64n32k16).
 template <int NT>
 __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
-  static_assert(!WGMMA || NT == 8, "one m64n64k16 product per m64 tile and k16 step");
+  static_assert(!WGMMA || NT == 8 || NT == 4, "one m64n64k16 or m64n32k16 product per m64 tile and k16 step");
   qk_wgmma_products(q_base, k_base, [&](int mq, int kk, u64_t a, u64_t b) {
-    wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+    if constexpr (NT == 8) {
+      wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+    } else {
+      wgmma_m64n32k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
+    }
   });
 }
 
@@ -575,6 +614,24 @@ struct QueryTile {
   }
 };
 
+// The coordinates of this thread's fragment rows as the sub-tile loop's logits take them: the
+// ones computed before the loop (`held`), or with LOOP_ROWS_FRESH computed again at each use from
+// a fresh read of the lane id (which the compiler cannot merge with the first one), so that
+// nothing of them is live between the sub-tiles' logits.
+struct LoopRows {
+  const RowCoords& held;
+  const QueryTile& tile;
+  WarpRows warp_rows;
+
+  __device__ __forceinline__ RowCoords get() const {
+    if constexpr (LOOP_ROWS_FRESH) {
+      return tile.row_coords(warp_rows, lane_id());
+    } else {
+      return held;
+    }
+  }
+};
+
 // Writes this warp's normalised O rows (staged through its own rows of the Q tile, so the global
 // stores are 16 bytes wide) and their LSE.
 __device__ __forceinline__ void store_output(const PrefillParams& p, const QueryTile& tile, const RowCoords& rows,
@@ -636,7 +693,7 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
 // and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
 // `await_v()` has returned).
 template <int NT, typename AwaitV>
-__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const RowCoords& rows,
+__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const LoopRows& rows,
                                                   const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
                                                   int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
                                                   float softmax_scale, Softmax& softmax,
@@ -647,16 +704,16 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
   bool factored = false, short_form = false;
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
-    logits<true>(p, rows, m, tile.kv_head, k0, lane, s);
+    logits<true>(p, rows.get(), m, tile.kv_head, k0, lane, s);
   } else if constexpr (FACTORED_SMALL_FORM) {
     const float largest = largest_magnitude(s);
     factored = __all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant));
     if constexpr (VARIANT_HAS_SHORT_FORM) {
       short_form = factored && __all_sync(0xffffffffu, largest <= short_form_acc_limit(p.variant));
     }
-    if (!factored) logits_as<false, false>(p, rows, m, tile.kv_head, k0, lane, s);
+    if (!factored) logits_as<false, false>(p, rows.get(), m, tile.kv_head, k0, lane, s);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
-    logits<false>(p, rows, m, tile.kv_head, k0, lane, s);
+    logits<false>(p, rows.get(), m, tile.kv_head, k0, lane, s);
   }
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   if (short_form) {
@@ -877,8 +934,15 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
-  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it.
+  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it; with
+  // Q_DESC_IN_LOOP derived again in each sub-tile (q_base_now) from a fresh read of the thread
+  // index, not held through the loop.
   const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;
+  auto q_base_now = [&]() {
+    return Q_DESC_IN_LOOP ? q_tile.base + (thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES : q_group_base;
+  };
+  // The rows' coordinates as the sub-tile loop's logits take them (held, or LOOP_ROWS_FRESH).
+  const LoopRows loop_rows{rows, tile, warp_rows};
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
@@ -924,7 +988,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
       if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
-        const bool finite = qk_f16(frag, q_group_base, k_sub.base, warpgroup, acc);
+        const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
             !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
@@ -937,29 +1001,35 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           for (int piece = 0; piece < KV_SUB / F16_FLOAT_PIECE; ++piece) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
+            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
                               v_sub.base + piece * F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
                               await_v);
           }
         }
       } else {
-        float s[MMA_Q][KV_NT][4];
-        if constexpr (WGMMA) {
-          qk_wgmma(q_group_base, k_sub.base, s);
-        } else {
-          qk_f32(frag, k_sub.base, s);
-        }
-        if constexpr (SINGLE_BUFFER) {
-          // The V barrier frees K's buffer: tile t + 1's K rows load during P V.
-          auto await_v_then_load_k = [&]() {
-            await_v();
-            load_k(t + 1);
-          };
-          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
-                            o, await_v_then_load_k);
-        } else {
-          float_logits_step(p, rows, m, tile, tok_lo, tok_hi, k0, lane, frag, v_sub.base, softmax_scale, softmax, s,
-                            o, await_v);
+        // Piece by piece (F32_PIECE; one piece of the whole sub-tile unless the logits are heavy).
+#pragma unroll 1
+        for (int piece = 0; piece < KV_SUB / F32_PIECE; ++piece) {
+          float s[MMA_Q][F32_PIECE / 8][4];
+          const u32_t k_piece = k_sub.base + piece * F32_PIECE * KTile::ROW_BYTES;
+          const u32_t v_piece = v_sub.base + piece * F32_PIECE * VTile::ROW_BYTES;
+          if constexpr (WGMMA) {
+            qk_wgmma(q_group_base, k_piece, s);
+          } else {
+            qk_f32(frag, k_piece, s);
+          }
+          if constexpr (SINGLE_BUFFER) {
+            // The V barrier frees K's buffer: tile t + 1's K rows load during P V (one piece).
+            auto await_v_then_load_k = [&]() {
+              await_v();
+              load_k(t + 1);
+            };
+            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
+                              softmax_scale, softmax, s, o, await_v_then_load_k);
+          } else {
+            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
+                              softmax_scale, softmax, s, o, await_v);
+          }
         }
       }
     }
