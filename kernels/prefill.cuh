@@ -20,14 +20,16 @@
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
 // accumulators). On sm_90a a wgmma tile (WGMMA, below) computes both products as warpgroup MMAs
 // instead, over tiles in wgmma's swizzled layout; everything between them is the same code.
+// Where the logits are heavy in a tile whose accumulators fill the registers (HEAVY_LOGITS), an
+// f32-QK sub-tile is computed in pieces of 32 keys, each from S = Q K^T to O += P V.
 // Tiles wholly masked are skipped; element masks run only on tiles that need them. With f16
 // accumulators, a sub-tile that needs no transform and no mask and did not overflow goes to the
 // softmax as packed f16 (half the registers; each element widened exactly just before its
-// exponent); the others are widened to f32 32 keys at a time, overflowed elements recomputed
-// with f32 accumulation (mma.sync, n8 tile by n8 tile; with wgmma "did not overflow" is decided
-// for the whole warpgroup, whose warps then issue the same products). When the plan splits the
-// KV range, the CTA covers one chunk and writes a partial result for merge_state.cuh instead of
-// the output.
+// exponent); the others are widened to f32 32 keys at a time (16 with heavy logits on mma.sync),
+// overflowed elements recomputed with f32 accumulation (mma.sync, n8 tile by n8 tile; with wgmma
+// "did not overflow" is decided for the whole warpgroup, whose warps then issue the same
+// products). When the plan splits the KV range, the CTA covers one chunk and writes a partial
+// result for merge_state.cuh instead of the output.
 // Requires: common.cuh, mma.cuh, smem_tile.cuh, tma.cuh, kv_rows.cuh, mask.cuh, online_softmax.cuh,
 // variant.cuh, the spec constants (namespace spec) and the rendered PrefillParams.
 
@@ -160,10 +162,13 @@ constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 && !(HEAVY_LOGITS && !WGMMA) ? 
 // from a fresh read of the lane id (LoopRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
 constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS;
-// Whether two-warpgroup f16-QK kernels with heavy logits derive their warpgroup's Q base (the
-// products' A descriptor) from a fresh read of the thread index in each sub-tile, rather than
-// holding it through the loop.
-constexpr bool Q_DESC_IN_LOOP = HEAVY_LOGITS && WGMMA && NUM_WARPS == 8 && spec::QK_F16_ACCUM;
+// Whether a two-warpgroup f16-QK kernel derives its warpgroup's Q base (the products' A
+// descriptor) from a fresh read of the thread index in each sub-tile, rather than holding it
+// through the loop: with heavy logits, or with sinks (whose loop is the no-variant one, and
+// spilled 4/4 B over ragged K/V). Not the no-variant kernels, whose code stays as benchmarked
+// (the non-causal ragged one spills 4/4 B so).
+constexpr bool Q_DESC_IN_LOOP =
+    ACCUMULATOR_BOUND && WGMMA && spec::QK_F16_ACCUM && (HEAVY_LOGITS || VARIANT_HAS_SINK);
 static_assert(KV_SUB % F32_PIECE == 0 && F32_PIECE % 16 == 0, "f32 pieces: whole k16 blocks of P");
 static_assert(!SINGLE_BUFFER || F32_PIECE == KV_SUB, "one K/V buffer: K_{t+1} loads during the only piece's P V");
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
@@ -1058,7 +1063,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
   // uses are computed again here rather than held through the loop. From a fresh read of the lane
   // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
-  // results and keep them live after all).
+  // results and keep them live after all). With LOOP_ROWS_FRESH the loop's logits do the same
+  // (LoopRows), and the first ones are not used at all.
   rows = tile.row_coords(warp_rows, lane_id());
   float sink_log2[MMA_Q][2];
 #pragma unroll
