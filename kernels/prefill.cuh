@@ -140,12 +140,14 @@ constexpr bool ACCUMULATOR_BOUND =
 // Whether the logits take more than the accumulators and the causal mask: a transform of the
 // scaled float logit (custom and ALiBi transforms, which take the elements' indices; the soft-cap
 // where it is not taken from the accumulator: mma.sync with f32 QK), the variant's own mask, a
-// sliding window or a custom mask. In an accumulator-bound tile these are the kernels ptxas
-// spilled for (NVRTC 13, session 19: 113 of the 2884 kernels of the matrix, all of them in such
-// tiles, most of them with such logits): they compute smaller pieces at a time (F32_PIECE,
-// F16_FLOAT_PIECE) and derive the values the loop's indices come from where they are used,
-// rather than holding them through the loop (LOOP_ROWS_FRESH, Q_DESC_IN_LOOP). Every other
-// kernel (the headline ones among them: no variant, unmasked or causal) keeps its code.
+// sliding window or a custom mask. In an accumulator-bound tile these are most of the kernels
+// ptxas spilled for (NVRTC 13, before this: 113 of the 2884 kernels of the matrix, all in such
+// tiles): they compute smaller pieces at a time (F32_PIECE, F16_FLOAT_PIECE) and derive the
+// values the loop's indices come from where they are used, rather than holding them through the
+// loop (LOOP_ROWS_FRESH, Q_DESC_IN_LOOP; after it 10 spill, the sm_80 f16-QK window ones among
+// them, at most 24/32 B).
+// Every other kernel (the headline ones among them: no variant, unmasked or causal) keeps its
+// code, but for Q_DESC_IN_LOOP in the f16-QK sinks kernels.
 constexpr bool HEAVY_LOGITS =
     ACCUMULATOR_BOUND && ((VARIANT_HAS_TRANSFORM && !(TRANSFORM_FROM_ACC && VARIANT_TRANSFORM_FROM_ACC)) ||
                           VARIANT_HAS_MASK || spec::MASK_KIND == MASK_SLIDING_WINDOW || spec::MASK_KIND == MASK_CUSTOM);
@@ -291,8 +293,9 @@ constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 // The products of S = Q K^T by wgmma: for each m64 tile mq of the warpgroup's rows (from Q row
 // `q_base` on; this warp's 16 rows of it in the accumulator of tile mq) and k16 step kk,
 // `product(mq, kk, a, b)` issues one product (m64n64k16, or m64n32k16 for a piece) of the
-// descriptors a (Q) and b (the K rows from `k_base` on), both K-major in shared memory (a k16 step is 32 bytes into a column's
-// swizzled rows, four steps a column). Waits for the products before returning.
+// descriptors a (Q) and b (the K rows from `k_base` on), both K-major in shared memory (a k16
+// step is 32 bytes into a column's swizzled rows, four steps a column). Waits for the products
+// before returning.
 template <typename Product>
 __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Product product) {
   const WgmmaDesc q = WgmmaDesc::sw128(q_base, 16, SW128_GROUP_BYTES);
@@ -1013,6 +1016,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         }
       } else {
         // Piece by piece (F32_PIECE; one piece of the whole sub-tile unless the logits are heavy).
+        // Not unrolled: unrolled, ptxas overlapped the two pieces and spilled more than with the
+        // whole sub-tile (NVRTC 13, sm_80 f32-QK window w4q2kv64: 0 -> 80/88 B).
 #pragma unroll 1
         for (int piece = 0; piece < KV_SUB / F32_PIECE; ++piece) {
           float s[MMA_Q][F32_PIECE / 8][4];
