@@ -264,9 +264,15 @@ impl TileConfig {
     /// `w8q1kv64g` (f32-QK custom-mask ones up to 96/64 bytes, the custom sample variant 16-24,
     /// f16-QK masked or custom ones 4-12), and 78 sm_80 `w4q2kv64` (at most 72/100). Session 17
     /// (K/V tiles by TMA in the ragged wgmma kernels; custom-mask bits read as words in the
-    /// wgmma kernels): the CI record is in `docs/benchmarks.md`, "JIT (NVRTC) and build". The
-    /// budget keeps the rest visible and bounded; removing them is tracked in
-    /// `docs/perf-notes.md`.
+    /// wgmma kernels): the CI record is in `docs/benchmarks.md`, "JIT (NVRTC) and build"; with
+    /// session 18's short form (CI of 195f9be), 113 spill: 33 sm_90a `w8q1kv64g` and 80 sm_80
+    /// `w4q2kv64`. Branch `spills2` (heavy logits in the accumulator-bound tiles, `HEAVY_LOGITS`
+    /// in kernels/prefill.cuh: f32-QK sub-tiles in 32-key pieces, f16-QK float pieces of 16 keys
+    /// on mma.sync, the rows' coordinates and the two-warpgroup f16-QK Q base derived in the loop;
+    /// the other kernels' SASS unchanged): 10 spill, 1 sm_90a (the f16-QK no-variant non-causal
+    /// ragged `w8q1kv64g`, 4/4 B, left as benchmarked) and 9 sm_80 `w4q2kv64` (the f16-QK window
+    /// ones 24/32 B, f32-QK causal or sinks ones 4-8 B). The budget keeps the rest visible and
+    /// bounded; removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
