@@ -161,7 +161,7 @@ constexpr int F32_PIECE = HEAVY_LOGITS ? 32 : KV_SUB;
 // warps: four rows a thread) of 16 keys.
 constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 && !(HEAVY_LOGITS && !WGMMA) ? 32 : 16;
 // Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
-// from a fresh read of the lane id (LoopRows), rather than holding the ones computed before the
+// from a fresh read of the lane id (FreshRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
 constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS;
 // Whether a two-warpgroup f16-QK kernel derives its warpgroup's Q base (the products' A
@@ -622,23 +622,18 @@ struct QueryTile {
   }
 };
 
-// The coordinates of this thread's fragment rows as the sub-tile loop's logits take them: the
-// ones computed before the loop (`held`), or with LOOP_ROWS_FRESH computed again at each use from
-// a fresh read of the lane id (which the compiler cannot merge with the first one), so that
-// nothing of them is live between the sub-tiles' logits.
-struct LoopRows {
-  const RowCoords& held;
+// The coordinates of this thread's fragment rows as the sub-tile loop's logits take them with
+// LOOP_ROWS_FRESH: computed again at each use (coords_of) from a fresh read of the lane id (which
+// the compiler cannot merge with the first one), so that nothing of them is live between the
+// sub-tiles' logits. Without it the loop takes the RowCoords computed before it, as they are.
+struct FreshRows {
   const QueryTile& tile;
   WarpRows warp_rows;
-
-  __device__ __forceinline__ RowCoords get() const {
-    if constexpr (LOOP_ROWS_FRESH) {
-      return tile.row_coords(warp_rows, lane_id());
-    } else {
-      return held;
-    }
-  }
 };
+__device__ __forceinline__ const RowCoords& coords_of(const RowCoords& rows) { return rows; }
+__device__ __forceinline__ RowCoords coords_of(const FreshRows& rows) {
+  return rows.tile.row_coords(rows.warp_rows, lane_id());
+}
 
 // Writes this warp's normalised O rows (staged through its own rows of the Q tile, so the global
 // stores are 16 bytes wide) and their LSE.
@@ -697,11 +692,12 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
     }
 }
 
-// The rest of a sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..): the mask
+// The rest of a sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..; the rows'
+// coordinates from `rows`, RowCoords or FreshRows): the mask
 // and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
 // `await_v()` has returned).
-template <int NT, typename AwaitV>
-__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const LoopRows& rows,
+template <int NT, typename Rows, typename AwaitV>
+__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const Rows& rows,
                                                   const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
                                                   int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
                                                   float softmax_scale, Softmax& softmax,
@@ -712,16 +708,16 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
   bool factored = false, short_form = false;
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
-    logits<true>(p, rows.get(), m, tile.kv_head, k0, lane, s);
+    logits<true>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   } else if constexpr (FACTORED_SMALL_FORM) {
     const float largest = largest_magnitude(s);
     factored = __all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant));
     if constexpr (VARIANT_HAS_SHORT_FORM) {
       short_form = factored && __all_sync(0xffffffffu, largest <= short_form_acc_limit(p.variant));
     }
-    if (!factored) logits_as<false, false>(p, rows.get(), m, tile.kv_head, k0, lane, s);
+    if (!factored) logits_as<false, false>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
-    logits<false>(p, rows.get(), m, tile.kv_head, k0, lane, s);
+    logits<false>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   }
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   if (short_form) {
@@ -949,8 +945,15 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   auto q_base_now = [&]() {
     return Q_DESC_IN_LOOP ? q_tile.base + (thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES : q_group_base;
   };
-  // The rows' coordinates as the sub-tile loop's logits take them (held, or LOOP_ROWS_FRESH).
-  const LoopRows loop_rows{rows, tile, warp_rows};
+  // The rows' coordinates as the sub-tile loop's logits take them (RowCoords or FreshRows).
+  const FreshRows fresh_rows{tile, warp_rows};
+  auto loop_rows = [&]() -> const auto& {
+    if constexpr (LOOP_ROWS_FRESH) {
+      return fresh_rows;
+    } else {
+      return rows;
+    }
+  };
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
@@ -1009,7 +1012,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           for (int piece = 0; piece < KV_SUB / F16_FLOAT_PIECE; ++piece) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
+            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
                               v_sub.base + piece * F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
                               await_v);
           }
@@ -1034,10 +1037,10 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
               await_v();
               load_k(t + 1);
             };
-            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
+            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
                               softmax_scale, softmax, s, o, await_v_then_load_k);
           } else {
-            float_logits_step(p, loop_rows, m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
+            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
                               softmax_scale, softmax, s, o, await_v);
           }
         }
@@ -1069,7 +1072,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // uses are computed again here rather than held through the loop. From a fresh read of the lane
   // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
   // results and keep them live after all). With LOOP_ROWS_FRESH the loop's logits do the same
-  // (LoopRows), and the first ones are not used at all.
+  // (FreshRows), and the first ones are not used at all.
   rows = tile.row_coords(warp_rows, lane_id());
   float sink_log2[MMA_Q][2];
 #pragma unroll
