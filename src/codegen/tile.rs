@@ -270,9 +270,10 @@ impl TileConfig {
     /// in kernels/prefill.cuh: f32-QK sub-tiles in 32-key pieces, f16-QK float pieces of 16 keys
     /// on mma.sync, the rows' coordinates and the two-warpgroup f16-QK Q base derived in the loop;
     /// no other kernel of these two tiles changes SASS, but for the f16-QK sinks twins' Q base):
-    /// compiles of the two tiles alone (the other tiles take the same paths as before), 10 spill, 1 sm_90a
-    /// (the f16-QK no-variant non-causal ragged `w8q1kv64g`, 4/4 B, left as benchmarked) and 9
-    /// sm_80 `w4q2kv64` (the f16-QK window ones 24/32 B, f32-QK causal or sinks ones 4-8 B);
+    /// compiles of the two tiles alone (the other tiles take the same paths as before), 10
+    /// spill, 1 sm_90a (the f16-QK no-variant non-causal ragged `w8q1kv64g`, 4/4 B, left as
+    /// benchmarked) and 9 sm_80 `w4q2kv64` (the f16-QK window ones 24/32 B, f32-QK causal or
+    /// sinks ones 4-8 B);
     /// serialized wgmma 32 -> 6 (the bf16 no-variant and sinks twins, unchanged). The budget
     /// keeps the rest visible and bounded; removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
