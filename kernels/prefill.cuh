@@ -147,7 +147,7 @@ constexpr bool ACCUMULATOR_BOUND =
 // loop (LOOP_ROWS_FRESH, Q_DESC_IN_LOOP; after it 10 spill, the sm_80 f16-QK window ones among
 // them, at most 24/32 B).
 // Every other kernel (the headline ones among them: no variant, unmasked or causal) keeps its
-// code, but for Q_DESC_IN_LOOP in the f16-QK sinks kernels.
+// code.
 constexpr bool HEAVY_LOGITS =
     ACCUMULATOR_BOUND && ((VARIANT_HAS_TRANSFORM && !(TRANSFORM_FROM_ACC && VARIANT_TRANSFORM_FROM_ACC)) ||
                           VARIANT_HAS_MASK || spec::MASK_KIND == MASK_SLIDING_WINDOW || spec::MASK_KIND == MASK_CUSTOM);
@@ -166,11 +166,12 @@ constexpr int F16_FLOAT_PIECE = KV_SUB % 32 == 0 && !(HEAVY_LOGITS && !WGMMA) ? 
 constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS;
 // Whether a two-warpgroup f16-QK kernel derives its warpgroup's Q base (the products' A
 // descriptor) from a fresh read of the thread index in each sub-tile, rather than holding it
-// through the loop: with heavy logits, or with sinks (whose loop is the no-variant one, and
-// spilled 4/4 B over ragged K/V). Not the no-variant kernels, whose code stays as benchmarked
-// (the non-causal ragged one spills 4/4 B so).
+// through the loop: with heavy logits only. It is made warp-uniform (warp_uniform), as the
+// warpgroup is before the loop, so the descriptors stay in uniform registers. Not with sinks,
+// whose loop is the no-variant one: there it made the ragged f16-QK twin spill 4/4 B, which it
+// does not otherwise (NVRTC 13, sm_90a, session 20).
 constexpr bool Q_DESC_IN_LOOP =
-    ACCUMULATOR_BOUND && WGMMA && spec::QK_F16_ACCUM && (HEAVY_LOGITS || VARIANT_HAS_SINK);
+    ACCUMULATOR_BOUND && WGMMA && spec::QK_F16_ACCUM && HEAVY_LOGITS;
 static_assert(KV_SUB % F32_PIECE == 0 && F32_PIECE % 16 == 0, "f32 pieces: whole k16 blocks of P");
 static_assert(!SINGLE_BUFFER || F32_PIECE == KV_SUB, "one K/V buffer: K_{t+1} loads during the only piece's P V");
 // Whether the row sums come from the tensor cores (online_softmax.cuh): of p rounded to f16
@@ -943,7 +944,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // index, not held through the loop.
   const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;
   auto q_base_now = [&]() {
-    return Q_DESC_IN_LOOP ? q_tile.base + (thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES : q_group_base;
+    return Q_DESC_IN_LOOP ? q_tile.base + warp_uniform(thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES
+                          : q_group_base;
   };
   // The rows' coordinates as the sub-tile loop's logits take them (RowCoords or FreshRows).
   const FreshRows fresh_rows{tile, warp_rows};
