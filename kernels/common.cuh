@@ -4,7 +4,7 @@
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
 // f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
-// even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, thread_index, warp_max, warp_sum,
+// even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, thread_index, warp_uniform, warp_max, warp_sum,
 // shfl_i64, request_of, FastDivisor, TmaMap, the mask-kind constants, LOG2E and LN2.
 
 typedef unsigned short u16_t;

@@ -717,10 +717,11 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   // FactoredSmallLogits: the transform merges into the exponents.
   // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
   bool factored = false, short_form = false;
+  float largest = 0.0f;  // the largest |acc| of this thread, where a form is checked
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
     logits<true>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   } else if constexpr (FACTORED_SMALL_FORM) {
-    const float largest = largest_magnitude(s);
+    largest = largest_magnitude(s);
     factored = __all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant));
     if constexpr (VARIANT_HAS_SHORT_FORM) {
       short_form = factored && __all_sync(0xffffffffu, largest <= short_form_acc_limit(p.variant));
@@ -732,10 +733,10 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   if (short_form) {
     if constexpr (FACTORED_SMALL_FORM && VARIANT_HAS_SHORT_FORM) {
-      softmax.update(FactoredSmallLogits<MMA_Q, NT, true>{s, p.variant}, o, 1.0f);
+      softmax.update(FactoredSmallLogits<MMA_Q, NT, true>{s, p.variant, largest}, o, 1.0f);
     }
   } else if (FACTORED_SMALL_FORM && factored) {
-    softmax.update(FactoredSmallLogits<MMA_Q, NT, false>{s, p.variant}, o, 1.0f);
+    softmax.update(FactoredSmallLogits<MMA_Q, NT, false>{s, p.variant, largest}, o, 1.0f);
   } else {
     softmax.update(probs, o, softmax_scale);
   }

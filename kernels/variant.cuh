@@ -94,10 +94,15 @@ __device__ __forceinline__ bool variant_visible(const VariantParams& params, int
 // merged: one instruction per logit fewer than transform, then exponent. `scale` is unused (the
 // factor holds LOG2E). After the update the probabilities are in `s`, as F32Logits leaves them.
 // SHORT: the short form's factor (which the caller has checked holds) instead of the small form's.
+// `largest` is the caller's largest |acc| of this thread's part (largest_magnitude), which its
+// check of the form took anyway: the form of it bounds every logit of the thread's rows
+// (thread_bound), so a sub-tile whose references stay needs no row max at all (one FMNMX per
+// logit fewer).
 template <int MMA_Q, int KV_NT, bool SHORT>
 struct FactoredSmallLogits {
   float (&s)[MMA_Q][KV_NT][4];
   const VariantParams& params;
+  float largest;
 
   __device__ __forceinline__ float factor(float acc) const {
     static_assert(!SHORT || VARIANT_HAS_SHORT_FORM, "the short form of a variant that has one");
@@ -107,6 +112,7 @@ struct FactoredSmallLogits {
     const float raw = thread_row_max_f32(s, mq, h);
     return raw * factor(raw);
   }
+  __device__ __forceinline__ float thread_bound(int, int) const { return largest * factor(largest); }
   template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float, float offset) const {
     auto p = [&](float a) { return exp2_approx(fmaf(a, factor(a), -offset)); };
