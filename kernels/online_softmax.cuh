@@ -25,7 +25,9 @@
 // reference back.
 constexpr float RESCALE_SLACK = 8.0f;
 
-template <int MMA_Q, bool SUM_BY_MMA>
+// EXP_AFTER_RESCALE: whether update() forms the exponents after the rescale branch of a full step
+// rather than before it (see update()).
+template <int MMA_Q, bool SUM_BY_MMA, bool EXP_AFTER_RESCALE = false>
 struct OnlineSoftmax {
   // Base 2, per thread row, identical across a quad: the reference the row's p are taken against,
   // at most RESCALE_SLACK below the row's max so far (-inf until a key is seen).
@@ -72,6 +74,9 @@ struct OnlineSoftmax {
   // non-causal +3.6%, soft-cap 50 +7.0% (32/8 s8192 +7.6%), f16 QK +4.3%, f16 QK with soft-cap
   // +9.7%, D=64 +4.2%, D=256 +3.2%, ragged batch +3.8%; bf16 non-causal 32/8 s8192 -1.7% (its
   // wgmma products are serialized by ptxas; not read further).
+  // With EXP_AFTER_RESCALE a full step rescales o before the exponents rather than after them:
+  // the compiler then has no p of the sub-tile to hold across that branch (prefill.cuh says
+  // where it is taken, and why).
   template <typename Logits, int VO_NT>
   __device__ __forceinline__ void update(Logits s, float (&o)[MMA_Q][VO_NT][4], float scale) {
     bool within = true;
@@ -121,6 +126,9 @@ struct OnlineSoftmax {
           row_max[mq][h] = mx;
         }
     }
+    if constexpr (EXP_AFTER_RESCALE) {
+      if (!kept) rescale_outputs(rescale, o);
+    }
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
@@ -131,11 +139,17 @@ struct OnlineSoftmax {
           sum(mq, h) = sum(mq, h) * rescale[mq][h] + s.template exp_row<true>(mq, h, scale, offset[mq][h]);
         }
       }
-    if (kept) return;
-    // The rescale is 1 for every row whose reference did not move: skip the multiplies when that
-    // holds for all of the warp's rows (one uniform branch). A row whose rescale is 1 is
-    // multiplied by 1 when another row's is not. With SUM_BY_MMA the sums are rescaled there too,
-    // before P V adds this sub-tile's.
+    if constexpr (!EXP_AFTER_RESCALE) {
+      if (!kept) rescale_outputs(rescale, o);
+    }
+  }
+
+  // After a full step: multiplies o (and with SUM_BY_MMA the sums, before P V adds this
+  // sub-tile's) by each row's rescale factor. The rescale is 1 for every row whose reference did
+  // not move: the multiplies are skipped when that holds for all of the warp's rows (one uniform
+  // branch). A row whose rescale is 1 is multiplied by 1 when another row's is not.
+  template <int VO_NT>
+  __device__ __forceinline__ void rescale_outputs(const float (&rescale)[MMA_Q][2], float (&o)[MMA_Q][VO_NT][4]) {
     bool moved = false;
 #pragma unroll
     for (int mq = 0; mq < MMA_Q; ++mq)
@@ -286,9 +300,9 @@ __host__ __device__ constexpr int merge_scratch_floats() {
   return 32 * MMA_Q * (4 + 4 * VO_NT);
 }
 
-template <int NUM_WARPS, int MMA_Q, int VO_NT, bool SUM_BY_MMA>
-__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q, SUM_BY_MMA>& sm, float (&o)[MMA_Q][VO_NT][4],
-                                                  float* scratch, int warp, int lane) {
+template <int NUM_WARPS, int MMA_Q, int VO_NT, bool SUM_BY_MMA, bool EXP_AFTER_RESCALE>
+__device__ __forceinline__ bool merge_warp_states(OnlineSoftmax<MMA_Q, SUM_BY_MMA, EXP_AFTER_RESCALE>& sm,
+                                                  float (&o)[MMA_Q][VO_NT][4], float* scratch, int warp, int lane) {
   // Value i of a warp's state sits at scratch[(warp - 1) * STATE + i * 32 + lane]: lane-major, so
   // each access of a warp touches 32 consecutive words (no bank conflicts).
   constexpr int STATE = merge_scratch_floats<MMA_Q, VO_NT>();

@@ -208,7 +208,19 @@ constexpr bool SUM_BY_MMA_WGMMA = WGMMA && !spec::QK_F16_ACCUM && spec::HEAD_DIM
 constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
                             (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
                             (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
-using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA>;
+// Whether the softmax forms a sub-tile's exponents after the rescale branch of a full step
+// (OnlineSoftmax's EXP_AFTER_RESCALE): the two-warpgroup wgmma tiles that would take the row sums
+// by MMA were their inputs f16 (bf16 keeps f32 adds at head dim 128, above). With the exponents
+// before the branch, ptxas formed the first k16 block's p and packed them before it but sank
+// their f32 adds past it, so the block's floats and its packed A fragment were live across the
+// branch, and it serialized the wgmma products ("insufficient register resources"; the f16
+// twins, whose sum MMA reads the packed P, do not). A helper's finding (session 20); NVRTC 13,
+// sm_90a, the bf16 D=128 w8q1kv64g none_none, none_sinks (ragged, paged), causal_none and
+// causal_sinks (paged) kernels: serialized 6 -> 0, no spills. The same operations on the same
+// values in another order; every other kernel keeps its code.
+constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && SUM_BY_MMA_WGMMA && DTypeTraits<DTypeIn>::IS_BF16 &&
+                                           (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
+using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA, SOFTMAX_EXP_AFTER_RESCALE>;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
