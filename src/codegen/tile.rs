@@ -266,16 +266,15 @@ impl TileConfig {
     /// (K/V tiles by TMA in the ragged wgmma kernels; custom-mask bits read as words in the
     /// wgmma kernels): the CI record is in `docs/benchmarks.md`, "JIT (NVRTC) and build"; with
     /// session 18's short form (CI of 195f9be), 113 spill: 33 sm_90a `w8q1kv64g` and 80 sm_80
-    /// `w4q2kv64`. Branch `spills2` (heavy logits in the accumulator-bound tiles, `HEAVY_LOGITS`
-    /// in kernels/prefill.cuh: f32-QK sub-tiles in 32-key pieces, f16-QK float pieces of 16 keys
-    /// on mma.sync, the rows' coordinates and the two-warpgroup f16-QK Q base derived in the loop;
-    /// no other kernel of these two tiles changes SASS, but for the f16-QK sinks twins' Q base):
-    /// compiles of the two tiles alone (the other tiles take the same paths as before), 10
-    /// spill, 1 sm_90a (the f16-QK no-variant non-causal ragged `w8q1kv64g`, 4/4 B, left as
-    /// benchmarked) and 9 sm_80 `w4q2kv64` (the f16-QK window ones 24/32 B, f32-QK causal or
-    /// sinks ones 4-8 B);
-    /// serialized wgmma 32 -> 6 (the bf16 no-variant and sinks twins, unchanged). The budget
-    /// keeps the rest visible and bounded; removing them is tracked in `docs/perf-notes.md`.
+    /// `w4q2kv64`. Session 19 (warp-uniform descriptors): 100 spill, 20 of them sm_90a. Session 20
+    /// (heavy logits in the accumulator-bound tiles, `HEAVY_LOGITS` in kernels/prefill.cuh: f32-QK
+    /// sub-tiles in 32-key pieces, f16-QK float pieces of 16 keys on mma.sync, the rows'
+    /// coordinates and, with heavy logits, the two-warpgroup f16-QK Q base derived in the loop;
+    /// bf16 exponents after the rescale): compiles of the two tiles, sm_90a `w8q1kv64g` 0 spill
+    /// and 0 serialized wgmma (were 20 and 32); sm_80 `w4q2kv64` 9 spill (were 80: the f16-QK
+    /// window ones 24/32 B, f32-QK causal or sinks paged ones 4-8 B, bf16 causal ragged 4 B).
+    /// The budget keeps the rest visible and bounded; removing them is tracked in
+    /// `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
