@@ -19,7 +19,7 @@ use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::reference::{self, ReferenceOutput, RowOutput};
 use crate::tensor::HostTensor;
-use crate::testing::{merge_expected, BackendCaps, Case, MergeCase, PagedRun};
+use crate::testing::{merge_expected, BackendCaps, Case, MergeCase, PagedRun, TileRequest};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -37,13 +37,15 @@ pub trait Backend {
     fn describe(&self) -> String;
     /// What it runs; the suite lists only cases inside it.
     fn caps(&self) -> BackendCaps;
-    /// Computes `problem` on the host tensors.
+    /// Computes `problem` on the host tensors, with the tile `tile` asks for (a backend with one
+    /// tiling runs every problem with it).
     fn run(
         &self,
         problem: &AttentionProblem,
         q: &HostTensor,
         k: &HostTensor,
         v: &HostTensor,
+        tile: TileRequest,
     ) -> Result<AttentionOutput, Error>;
     /// Gets ready to run `cases` (the GPU backend compiles their kernels in parallel into the
     /// disk cache, with progress); nothing by default.
@@ -52,7 +54,8 @@ pub trait Backend {
         Ok(())
     }
     /// Computes a paged problem on the host cache, which holds the ragged `k`, `v`; `run` says
-    /// how (the GPU-only ways are asked only of backends whose caps say `device_runs`).
+    /// how (the GPU-only ways are asked only of backends whose caps say `device_runs`), `tile`
+    /// with which tile (as for [`run`](Self::run)).
     fn run_paged(
         &self,
         problem: &PagedAttention,
@@ -60,6 +63,7 @@ pub trait Backend {
         cache: PagedKv<'_>,
         tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
+        tile: TileRequest,
     ) -> Result<AttentionOutput, Error>;
     /// The whole problem computed by an independent reference of the backend's own, for the
     /// cases too large for the f64 reference (see the module doc); `None` (the default) when the
@@ -244,8 +248,10 @@ fn run_case_with_limit(backend: &dyn Backend, case: &Case, limit: usize) -> Case
     let paged = case.paged_inputs(&k, &v).transpose();
     let run = case.paged.map_or(PagedRun::Direct, |p| p.run);
     let run_as = |run: PagedRun| match &paged {
-        Ok(None) => backend.run(&case.problem, &q, &k, &v),
-        Ok(Some(inputs)) => backend.run_paged(&inputs.paged, &q, inputs.cache(), (&k, &v), run),
+        Ok(None) => backend.run(&case.problem, &q, &k, &v, case.tile),
+        Ok(Some(inputs)) => {
+            backend.run_paged(&inputs.paged, &q, inputs.cache(), (&k, &v), run, case.tile)
+        }
         Err(e) => Err(Error::InvalidProblem(e.clone())),
     };
     let start = Instant::now();
@@ -405,8 +411,9 @@ mod tests {
             q: &HostTensor,
             k: &HostTensor,
             v: &HostTensor,
+            tile: TileRequest,
         ) -> Result<AttentionOutput, Error> {
-            self.cpu.run(p, q, k, v)
+            self.cpu.run(p, q, k, v, tile)
         }
         fn full_reference(
             &self,
@@ -435,8 +442,9 @@ mod tests {
             cache: PagedKv<'_>,
             tokens: (&HostTensor, &HostTensor),
             run: PagedRun,
+            tile: TileRequest,
         ) -> Result<AttentionOutput, Error> {
-            self.cpu.run_paged(p, q, cache, tokens, run)
+            self.cpu.run_paged(p, q, cache, tokens, run, tile)
         }
         fn merge_states(
             &self,

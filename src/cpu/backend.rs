@@ -6,7 +6,7 @@ use crate::merge::{merge_many, MergeShape};
 use crate::paged::{gather, PagedAttention, PagedKv};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, PagedRun};
+use crate::testing::{BackendCaps, PagedRun, TileRequest};
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
 
@@ -46,6 +46,7 @@ impl Backend for CpuBackend {
         q: &HostTensor,
         k: &HostTensor,
         v: &HostTensor,
+        _tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
         attention_with_isa(p, q, k, v, self.isa)
     }
@@ -57,6 +58,7 @@ impl Backend for CpuBackend {
         cache: PagedKv<'_>,
         _tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
+        _tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
         if run != PagedRun::Direct {
             return Err(Error::Unsupported {

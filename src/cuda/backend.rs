@@ -4,24 +4,28 @@
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
-use super::plan::PlanOptions;
-use super::schedule::{choose_tile_on, SplitChoice};
-use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec};
+use super::plan::{plan_arch, PlanOptions};
+use super::schedule::{choose_tile_on, widest_row_tile_on, SplitChoice};
+use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
-use crate::jit::CompileOptions;
+use crate::jit::{Arch, CompileOptions};
 use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
-use crate::testing::{BackendCaps, Case, PagedRun};
+use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
 use crate::verify::Backend;
 use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
 
-/// Runs each problem through [`Engine::prefill_host`] (outputs poisoned with NaN first).
+/// Runs each problem through [`Engine::prefill_host_with_options`] (outputs poisoned with NaN
+/// first).
 pub struct CudaBackend {
     engine: Engine,
+    /// The architecture whose tiles the plans take ([`PlanOptions::tiles_of`]; `None`: the
+    /// device's).
+    tiles_of: Option<Arch>,
 }
 
 impl CudaBackend {
@@ -29,6 +33,52 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<CudaBackend, Error> {
         Ok(CudaBackend {
             engine: Engine::new(ordinal)?,
+            tiles_of: None,
+        })
+    }
+
+    /// This backend planning the tiles of `arch` rather than the device's (see
+    /// [`PlanOptions::tiles_of`]); an error when the device cannot run them.
+    pub fn with_tiles_of(self, arch: Arch) -> Result<CudaBackend, Error> {
+        plan_arch(Some(arch), self.engine.info().arch)?;
+        Ok(CudaBackend {
+            tiles_of: Some(arch),
+            ..self
+        })
+    }
+
+    /// The architecture whose tiles the plans take.
+    fn arch(&self) -> Arch {
+        self.tiles_of.unwrap_or(self.engine.info().arch)
+    }
+
+    /// The tile that `tile` asks for over K/V from `kv` (`None`: the planner's).
+    fn requested_tile(
+        &self,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        tile: TileRequest,
+    ) -> Result<Option<TileConfig>, Error> {
+        match tile {
+            TileRequest::Planned => Ok(None),
+            TileRequest::WidestRows => {
+                widest_row_tile_on(problem.head_dims, problem.qk_accum, kv, self.arch()).map(Some)
+            }
+        }
+    }
+
+    /// The plan options of a run: the requested tile, `split`, this backend's architecture.
+    fn options(
+        &self,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        tile: TileRequest,
+        split: SplitChoice,
+    ) -> Result<PlanOptions, Error> {
+        Ok(PlanOptions {
+            tile: self.requested_tile(problem, kv, tile)?,
+            split,
+            tiles_of: self.tiles_of,
         })
     }
 
@@ -36,7 +86,11 @@ impl CudaBackend {
     /// of a third of the longest request's keys (rounded up to the KV tile), an error when that
     /// request fits in one tile and there is nothing to split.
     fn opposite_split(&self, p: &PagedAttention) -> Result<SplitChoice, Error> {
-        let planned = PagedPlan::new(&self.engine, p)?;
+        let options = PlanOptions {
+            tiles_of: self.tiles_of,
+            ..PlanOptions::default()
+        };
+        let planned = PagedPlan::with_options(&self.engine, p, options)?;
         if planned.kv_split().is_some() {
             return Ok(SplitChoice::Unsplit);
         }
@@ -74,8 +128,12 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         let info = self.engine.info();
+        let tiles = match self.tiles_of {
+            Some(arch) => format!(", planning the tiles of {}", arch.name()),
+            None => String::new(),
+        };
         format!(
-            "cuda ({}, {}, {} SMs)",
+            "cuda ({}, {}, {} SMs{tiles})",
             info.name,
             info.arch.name(),
             info.sm_count
@@ -92,8 +150,10 @@ impl Backend for CudaBackend {
         q: &HostTensor,
         k: &HostTensor,
         v: &HostTensor,
+        tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
-        self.engine.prefill_host(problem, q, k, v)
+        let options = self.options(problem, KvCache::Ragged, tile, SplitChoice::Planned)?;
+        self.engine.prefill_host_with_options(problem, q, k, v, options)
     }
 
     /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel
@@ -115,7 +175,12 @@ impl Backend for CudaBackend {
             } else {
                 KvCache::Ragged
             };
-            let tile = choose_tile_on(&case.problem, kv, sm_count, self.engine.info().arch);
+            let tile = match self.requested_tile(&case.problem, kv, case.tile) {
+                Ok(Some(tile)) => tile,
+                Ok(None) => choose_tile_on(&case.problem, kv, sm_count, self.arch()),
+                // Reported by the case's run.
+                Err(_) => continue,
+            };
             if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {
@@ -181,6 +246,7 @@ impl Backend for CudaBackend {
         cache: PagedKv<'_>,
         (k, v): (&HostTensor, &HostTensor),
         run: PagedRun,
+        tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
         let (mode, split) = match run {
             PagedRun::Direct => (PagedRunMode::Direct, SplitChoice::Planned),
@@ -188,7 +254,7 @@ impl Backend for CudaBackend {
             PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, SplitChoice::Planned),
             PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
         };
-        let options = PlanOptions { tile: None, split };
+        let options = self.options(p.problem(), KvCache::Paged, tile, split)?;
         self.engine.paged_host(p, q, cache, mode, options)
     }
 

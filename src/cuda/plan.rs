@@ -90,6 +90,32 @@ pub struct PlanOptions {
     pub tile: Option<TileConfig>,
     /// How the KV range is cut ([`SplitChoice::Planned`] by default).
     pub split: SplitChoice,
+    /// Plan the tiles of this architecture rather than the device's (`None`): `Some(Sm80)` on a
+    /// Hopper GPU runs the sm_80 (`mma.sync`) kernels there, compiled for the device, so that
+    /// they can be checked on it. Refused when the device cannot run that architecture's tiles
+    /// (sm_90a's wgmma tiles on an older GPU).
+    pub tiles_of: Option<Arch>,
+}
+
+/// The architecture whose tiles a plan takes on a device of architecture `device`: `tiles_of`,
+/// or the device's; an error when the device cannot run them. Every tile but the wgmma ones
+/// (sm_90a only) runs on every architecture the engine supports, and the others' tiles need no
+/// more shared memory than any of them has.
+pub(crate) fn plan_arch(tiles_of: Option<Arch>, device: Arch) -> Result<Arch, Error> {
+    match tiles_of {
+        Some(Arch::Sm90a) if device != Arch::Sm90a => Err(Error::Unsupported {
+            backend: "cuda",
+            what: format!("the tiles of sm_90a on an {} device", device.name()),
+            supported: format!(
+                "the tiles of the device's architecture or of an older one ({})",
+                [Arch::Sm80, Arch::Sm86, Arch::Sm89]
+                    .map(Arch::name)
+                    .join(", ")
+            ),
+        }),
+        Some(arch) => Ok(arch),
+        None => Ok(device),
+    }
 }
 
 /// A problem prepared for one engine: kernel, work list, split, uploads.
@@ -134,7 +160,7 @@ impl KernelPlan {
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
         let sm_count = engine.info().sm_count as usize;
-        let arch = engine.info().arch;
+        let arch = plan_arch(options.tiles_of, engine.info().arch)?;
         let tile = options
             .tile
             .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
@@ -369,10 +395,23 @@ mod tests {
         assert!(check_tile_runs_on(twinned, Arch::Sm80, dims).is_ok());
 
         let wgmma = twinned.for_arch(Arch::Sm90a, dims);
+        assert!(check_tile_runs_on(wgmma, Arch::Sm90a, dims).is_ok());
         let text = check_tile_runs_on(wgmma, Arch::Sm80, dims)
             .expect_err("wgmma on sm_80")
             .to_string();
         assert!(text.contains("sm_90a"), "{text}");
-        assert!(check_tile_runs_on(wgmma, Arch::Sm90a, dims).is_ok());
+    }
+
+    // Another architecture's tiles: older ones anywhere, sm_90a's only on sm_90a.
+    #[test]
+    fn the_tiles_of_an_older_architecture_are_planned_and_wgmma_ones_only_on_hopper() {
+        assert_eq!(plan_arch(None, Arch::Sm90a).ok(), Some(Arch::Sm90a));
+        assert_eq!(plan_arch(Some(Arch::Sm80), Arch::Sm90a).ok(), Some(Arch::Sm80));
+        assert_eq!(plan_arch(Some(Arch::Sm89), Arch::Sm80).ok(), Some(Arch::Sm89));
+        assert_eq!(plan_arch(Some(Arch::Sm90a), Arch::Sm90a).ok(), Some(Arch::Sm90a));
+        let text = plan_arch(Some(Arch::Sm90a), Arch::Sm89)
+            .expect_err("wgmma tiles on sm_89")
+            .to_string();
+        assert!(text.contains("sm_90a") && text.contains("sm_80"), "{text}");
     }
 }

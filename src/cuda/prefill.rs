@@ -225,8 +225,21 @@ impl Engine {
         k: &HostTensor,
         v: &HostTensor,
     ) -> Result<AttentionOutput, Error> {
+        self.prefill_host_with_options(problem, q, k, v, PlanOptions::default())
+    }
+
+    /// [`prefill_host`](Self::prefill_host) with the planner's choices replaced where `options`
+    /// say.
+    pub fn prefill_host_with_options(
+        &self,
+        problem: &AttentionProblem,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        options: PlanOptions,
+    ) -> Result<AttentionOutput, Error> {
         problem.validate_inputs(q, k, v)?;
-        let plan = PrefillPlan::new(self, problem)?;
+        let plan = PrefillPlan::with_options(self, problem, options)?;
         let (qd, kd, vd) = (self.upload(q)?, self.upload(k)?, self.upload(v)?);
         self.run_poisoned(problem, &plan.spec().name(), |o, lse| {
             plan.run(self, &qd, &kd, &vd, o, lse)

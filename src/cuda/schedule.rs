@@ -11,7 +11,8 @@
 
 use crate::codegen::{KvCache, TileConfig};
 use crate::jit::Arch;
-use crate::problem::{AttentionProblem, Mask};
+use crate::problem::{AttentionProblem, HeadDims, Mask, QkAccum};
+use crate::Error;
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
 /// then the request's span: first query token, query length, first key row, key length (what
@@ -202,6 +203,30 @@ pub fn choose_tile_on(
     arch: Arch,
 ) -> TileConfig {
     choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims)
+}
+
+/// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
+/// over K/V from `kv`, on a GPU of architecture `arch` (its wgmma twin on sm_90a where it has
+/// one): the tile of long prefills, which the verify suite's widest-tile cases ask for.
+pub fn widest_row_tile_on(
+    dims: HeadDims,
+    qk_accum: QkAccum,
+    kv: KvCache,
+    arch: Arch,
+) -> Result<TileConfig, Error> {
+    TileConfig::row_tiles(dims, qk_accum, kv)
+        .into_iter()
+        .max_by_key(|t| t.cta_q())
+        .map(|t| t.for_arch(arch, dims))
+        .ok_or_else(|| Error::Unsupported {
+            backend: "cuda",
+            what: format!(
+                "a row tile at head dims ({}, {})",
+                dims.qk(),
+                dims.vo()
+            ),
+            supported: "head dims with one".into(),
+        })
 }
 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
@@ -421,8 +446,25 @@ pub fn prefill_work(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{HeadDims, RaggedBatch};
+    use crate::problem::RaggedBatch;
     use crate::DType;
+
+    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a), the one row
+    // tile of head dim 256 (a twin only over ragged K/V, whose tile has 64 keys).
+    #[test]
+    fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
+        let d = |n| HeadDims::new(n, n).expect("head dims");
+        let label = |dims, kv, arch| {
+            widest_row_tile_on(dims, QkAccum::F32, kv, arch)
+                .expect("a row tile")
+                .label()
+        };
+        assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
+        assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w4q1kv64b1g");
+        assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
+    }
 
     #[test]
     fn split_choice_overrides_the_planner_and_checks_the_chunk() {

@@ -14,7 +14,9 @@
 //! with GQA groups 1, 4, 7, 8 and ragged batches rotating so that each value meets each other
 //! axis. Targeted cases follow: logits near the f16 range under f16 accumulation, soft-cap with
 //! logits 100x the cap, `sm_scale = 1`, empty rows with sinks, empty requests, fused and padded
-//! strided views, and a CPU-only custom variant.
+//! strided views, and a CPU-only custom variant. Then the paged cases ([`paged`]) and the
+//! widest-tile cases ([`widest`]: the kernels of long prefills, which a GPU backend runs on
+//! small problems when asked by [`TileRequest::WidestRows`]).
 
 mod custom;
 pub mod grid;
@@ -22,11 +24,13 @@ mod inputs;
 mod merge;
 mod paged;
 pub mod rng;
+mod widest;
 
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
 pub use merge::{merge_cases, merge_expected, MergeCase};
 pub use paged::{PagedCase, PagedInputs, PagedRun};
+pub use widest::TileRequest;
 
 use crate::compare::Tolerance;
 use crate::dtype::DType;
@@ -60,6 +64,8 @@ pub struct Case {
     pub qk_scale: f64,
     /// For a paged case, how K and V sit in the cache ([`Case::paged_inputs`]).
     pub paged: Option<PagedCase>,
+    /// The tile a GPU backend computes it with.
+    pub tile: TileRequest,
 }
 
 impl Case {
@@ -130,6 +136,10 @@ impl BackendCaps {
 const SALT_BATCHES: u64 = 0xba7c;
 /// Salt base of the paged cases' seeds.
 const SALT_PAGED: u64 = 0x9a6e_0000;
+/// Salt base of the widest-tile cases' seeds.
+const SALT_WIDEST: u64 = 0x3d1e_0000;
+/// Name tag of the widest-tile cases.
+const WIDEST_TAG: &str = "widest-tile";
 /// Standard deviation of Q and K that puts f16 accumulators near the f16 maximum (65504): with
 /// head dim 128 (prescale 2^-4) an accumulator then has a standard deviation of about 28000.
 const NEAR_F16_MAX_QK_SCALE: f64 = 200.0;
@@ -182,6 +192,7 @@ pub fn cases(suite: Suite, base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
                 seed,
                 qk_scale,
                 paged: None,
+                tile: TileRequest::Planned,
             }
         })
         .collect();
@@ -200,6 +211,29 @@ pub fn cases(suite: Suite, base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
                     seed,
                     qk_scale: 1.0,
                     paged: Some(layout),
+                    tile: TileRequest::Planned,
+                }
+            }),
+    );
+    let widest = widest::widest_tile_points(suite, caps);
+    cases.extend(
+        widest
+            .into_iter()
+            .filter(|(p, _)| work(&p.lens, p.heads.0, p.head_dims) <= caps.max_work)
+            .enumerate()
+            .map(|(i, (point, paged))| {
+                let seed = SplitMix64::with_salt(base_seed, SALT_WIDEST + i as u64).next_u64();
+                let name = match &paged {
+                    Some(layout) => paged::paged_case_name(&point, layout, WIDEST_TAG),
+                    None => format!("{}/{WIDEST_TAG}", point.name()),
+                };
+                Case {
+                    name,
+                    problem: point.problem(seed),
+                    seed,
+                    qk_scale: 1.0,
+                    paged,
+                    tile: TileRequest::WidestRows,
                 }
             }),
     );
@@ -546,6 +580,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             seed: s,
             qk_scale: 1.0,
             paged: None,
+            tile: TileRequest::Planned,
         });
     }
 
@@ -579,6 +614,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             seed: seed(0x9add),
             qk_scale: 1.0,
             paged: None,
+            tile: TileRequest::Planned,
         });
     }
 
@@ -609,6 +645,7 @@ fn view_cases(base_seed: u64, caps: &BackendCaps) -> Vec<Case> {
             seed: seed(0x5ca1),
             qk_scale: 1.0,
             paged: None,
+            tile: TileRequest::Planned,
         });
     }
     out.retain(|c| {

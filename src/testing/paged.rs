@@ -164,7 +164,8 @@ const PAGE_SIZES: [usize; 3] = [1, 16, 64];
 const ORDERS: [KvOrder; 2] = [KvOrder::Nhd, KvOrder::Hnd];
 const STORAGES: [KvStorage; 2] = [KvStorage::Separate, KvStorage::Combined];
 
-fn layout_at(i: usize, run: PagedRun) -> PagedCase {
+/// The layout of the `i`th case of a rotation: page size, order and storage each rotating.
+pub(super) fn layout_at(i: usize, run: PagedRun) -> PagedCase {
     PagedCase {
         page_size: PAGE_SIZES[i % PAGE_SIZES.len()],
         order: ORDERS[(i / PAGE_SIZES.len()) % ORDERS.len()],

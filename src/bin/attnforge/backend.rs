@@ -7,6 +7,7 @@
 
 use attnforge::cpu::CpuBackend;
 use attnforge::cuda::{driver_present, CudaBackend};
+use attnforge::jit::Arch;
 use attnforge::verify::Backend;
 
 /// A backend named on the command line.
@@ -31,11 +32,28 @@ impl BackendKind {
 
     /// The backend itself, or why it cannot be had.
     pub fn open(self) -> Result<Box<dyn Backend>, String> {
-        match self {
-            BackendKind::Cpu => Ok(Box::new(CpuBackend::detect())),
-            BackendKind::Cuda => CudaBackend::new(0)
-                .map(|b| Box::new(b) as Box<dyn Backend>)
-                .map_err(|e| format!("the cuda backend is not available: {e}")),
+        self.open_with_tiles_of(None)
+    }
+
+    /// [`open`](Self::open), the CUDA backend planning the tiles of `tiles_of` rather than the
+    /// device's (`None`: the device's); a CPU backend with `tiles_of` is an error (it has one
+    /// tiling).
+    pub fn open_with_tiles_of(self, tiles_of: Option<Arch>) -> Result<Box<dyn Backend>, String> {
+        match (self, tiles_of) {
+            (BackendKind::Cpu, None) => Ok(Box::new(CpuBackend::detect())),
+            (BackendKind::Cpu, Some(arch)) => Err(format!(
+                "--tiles-of {} plans GPU tiles; the cpu backend has none (use --backend cuda)",
+                arch.name()
+            )),
+            (BackendKind::Cuda, tiles_of) => {
+                let backend = CudaBackend::new(0)
+                    .map_err(|e| format!("the cuda backend is not available: {e}"))?;
+                let backend = match tiles_of {
+                    Some(arch) => backend.with_tiles_of(arch).map_err(|e| e.to_string())?,
+                    None => backend,
+                };
+                Ok(Box::new(backend))
+            }
         }
     }
 }

@@ -418,6 +418,7 @@ impl BenchArgs {
         PlanOptions {
             tile: self.tile,
             split: self.split,
+            tiles_of: None,
         }
     }
 }

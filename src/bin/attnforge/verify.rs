@@ -5,6 +5,7 @@
 //! `N passed, M failed`; the exit status is non-zero when M > 0.
 
 use crate::backend::BackendKind;
+use attnforge::jit::Arch;
 use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
 use attnforge::verify::{run_cases, run_merge_case, CaseResult};
 use std::process::ExitCode;
@@ -36,6 +37,14 @@ pub struct VerifyArgs {
     /// Print a line for every case, not only failures.
     #[arg(short, long)]
     verbose: bool,
+    /// Plan the kernels of this GPU architecture rather than the device's (cuda backend only):
+    /// `--tiles-of sm_80` runs the sm_80 (`mma.sync`) kernels on a Hopper GPU, compiled for it.
+    #[arg(long, value_parser = parse_arch)]
+    tiles_of: Option<Arch>,
+}
+
+fn parse_arch(s: &str) -> Result<Arch, String> {
+    Arch::parse(s).map_err(|e| e.to_string())
 }
 
 fn report(result: &CaseResult, seed: u64, verbose: bool) {
@@ -67,7 +76,8 @@ fn report(result: &CaseResult, seed: u64, verbose: bool) {
 
 /// Runs the suite; see the module doc.
 pub fn run(args: VerifyArgs) -> ExitCode {
-    let backend = match args.backend.unwrap_or_else(BackendKind::best).open() {
+    let kind = args.backend.unwrap_or_else(BackendKind::best);
+    let backend = match kind.open_with_tiles_of(args.tiles_of) {
         Ok(b) => b,
         Err(why) => {
             eprintln!("error: {why}");
