@@ -3,7 +3,7 @@
 // Generated kernels include no CUDA toolkit header: NVRTC alone compiles them. f16 and bf16 are
 // stored as raw 16-bit patterns and converted with PTX instructions (round to nearest even).
 // Requires: nothing. Provides: f16_t, bf16_t, DTypeTraits<T>, f16x2_to_float2, f16x2_nonfinite_or,
-// f16x2_finite, f16x2_max, f16x2_mul, f16x2_add, f16x2_sub, f16x2_exp2, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
+// f16x2_finite, f16x2_max, f16x2_mul, exp2_approx, log2_approx, rcp_approx, softcap_tanh,
 // even_poly6, odd_poly7, tanh_accurate, neg_inf, lane_id, thread_index, warp_uniform, warp_max, warp_sum,
 // shfl_i64, request_of, FastDivisor, TmaMap, the mask-kind constants, LOG2E and LN2.
 
@@ -128,25 +128,6 @@ __device__ __forceinline__ u32_t f16x2_max(u32_t a, u32_t b) {
 __device__ __forceinline__ u32_t f16x2_mul(u32_t a, u32_t s) {
   u32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(s));
-  return r;
-}
-
-// Halfwise a + b and a - b on f16x2, rounding to nearest even.
-__device__ __forceinline__ u32_t f16x2_add(u32_t a, u32_t b) {
-  u32_t r;
-  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ u32_t f16x2_sub(u32_t a, u32_t b) {
-  u32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// Halfwise 2^x on f16x2 (maximum relative error 2^-9.9, PTX ISA; 2^-inf = +0).
-__device__ __forceinline__ u32_t f16x2_exp2(u32_t x) {
-  u32_t r;
-  asm("ex2.approx.f16x2 %0, %1;" : "=r"(r) : "r"(x));
   return r;
 }
 

@@ -258,20 +258,8 @@ struct F32Logits {
 // widening is monotonic), each element is widened (exactly) just before its exponent, and p
 // replaces it already packed: the logits take half the registers of F32Logits, and no float copy
 // of the whole sub-tile needs to be live. Same values as F32Logits of the widened accumulators.
-//
-// HALF_EXPONENTS: the exponents in f16 where that is exact up to the rounding of their result:
-// when the scale is 1 (the kernel folded it into Q, so the accumulators are base-2 logits) and a
-// row's offset is an f16 value (a reference taken from such accumulators is), x - offset is one
-// HSUB2 per two elements, p = 2^(x - offset) one ex2.approx.f16x2, already packed, and the row's
-// sum adds the packed p pairwise in f16 (p <= 2^RESCALE_SLACK, so 16 of them stay far inside f16)
-// before one widening: no widening, FFMA or pack per element. Against the float form the
-// exponent is rounded to f16 (relative 2^-11 of x - offset, which is small where p is large) and
-// 2^x approximated within 2^-9.9 rather than 2^-22 before p's own rounding to f16. A row whose
-// offset is not an f16 value (a reference from logits recomputed in f32 after an overflow) takes
-// the float form; the choice is made for the whole warp, which then stays converged.
-template <int MMA_Q, int KV_NT, bool HALF_EXPONENTS = false>
+template <int MMA_Q, int KV_NT>
 struct F16Logits {
-  static_assert((KV_NT & (KV_NT - 1)) == 0, "the pairwise f16 sum halves the n8 tiles");
   u32_t (&acc)[MMA_Q][KV_NT][2];
 
   __device__ __forceinline__ float thread_row_max(int mq, int h) const {
@@ -285,12 +273,6 @@ struct F16Logits {
   __device__ __forceinline__ float thread_bound(int mq, int h) const { return thread_row_max(mq, h); }
   template <bool WITH_SUM>
   __device__ __forceinline__ float exp_row(int mq, int h, float scale, float offset) const {
-    if constexpr (HALF_EXPONENTS) {
-      const u32_t offset2 = DTypeTraits<f16_t>::pack2(offset, offset);
-      float back, same;
-      f16x2_to_float2(offset2, back, same);
-      if (__all_sync(0xffffffffu, scale == 1.0f && back == offset)) return exp_row_half<WITH_SUM>(mq, h, offset2);
-    }
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < KV_NT; ++nt) {
@@ -305,25 +287,6 @@ struct F16Logits {
   }
   __device__ __forceinline__ u32_t p_pair(int mq, int nt, int h) const { return acc[mq][nt][h]; }
   __device__ __forceinline__ u32_t sum_pair(int mq, int nt, int h) const { return acc[mq][nt][h]; }
-
-  // exp_row in f16 (HALF_EXPONENTS, above), with the row's offset as an f16 pair.
-  template <bool WITH_SUM>
-  __device__ __forceinline__ float exp_row_half(int mq, int h, u32_t offset2) const {
-    u32_t part[KV_NT];
-#pragma unroll
-    for (int nt = 0; nt < KV_NT; ++nt) {
-      acc[mq][nt][h] = f16x2_exp2(f16x2_sub(acc[mq][nt][h], offset2));
-      part[nt] = acc[mq][nt][h];
-    }
-    if constexpr (!WITH_SUM) return 0.0f;
-#pragma unroll
-    for (int width = KV_NT; width > 1; width /= 2)
-#pragma unroll
-      for (int i = 0; i < width / 2; ++i) part[i] = f16x2_add(part[2 * i], part[2 * i + 1]);
-    float lo, hi;
-    f16x2_to_float2(part[0], lo, hi);
-    return lo + hi;
-  }
 };
 
 // Combines the states of NUM_WARPS warps that ran the same rows over different keys (the

@@ -221,15 +221,6 @@ constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
 constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && SUM_BY_MMA_WGMMA && DTypeTraits<DTypeIn>::IS_BF16 &&
                                            (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA, SOFTMAX_EXP_AFTER_RESCALE>;
-// Whether an f16-QK kernel without a transform forms its unmasked sub-tiles' exponents in f16
-// (F16Logits' HALF_EXPONENTS, online_softmax.cuh): Q is then scaled by the whole base-2 scale,
-// sm_scale * LOG2E, rather than by its power of two (each element widened, multiplied and rounded
-// to f16 once: a relative 2^-12 per element, independent across elements, where rounding the
-// scale itself would have scaled every logit alike), so the accumulators are the base-2 logits
-// and the softmax scale is 1; unless that whole scale exceeds 1 (sm_scale > ln 2, never the
-// default 1 / sqrt(head dim) of a head dim >= 4), which could take Q past f16's range: such a
-// launch keeps the prescale and the float exponents. wgmma tiles only (the ones measured).
-constexpr bool HALF_EXPONENTS = WGMMA && spec::QK_F16_ACCUM && !VARIANT_HAS_TRANSFORM;
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
@@ -600,27 +591,18 @@ __device__ __forceinline__ void pv(const FragAddrs& f, u32_t v_base, const Probs
   }
 }
 
-// x's two f16 halves times `factor` in f32, each rounded to f16 once.
-__device__ __forceinline__ u32_t f16x2_scaled(u32_t x, float factor) {
-  float lo, hi;
-  f16x2_to_float2(x, lo, hi);
-  return DTypeTraits<f16_t>::pack2(lo * factor, hi * factor);
-}
-
-// Multiplies this thread's Q chunks (loaded by itself) by `factor`: when `power_of_two` (the
-// f16 prescale) exactly, in f16; otherwise (HALF_EXPONENTS) in f32 (f16x2_scaled).
-__device__ __forceinline__ void prescale_q(const QTile& q, unsigned char* q_bytes, float factor,
-                                           bool power_of_two, int warp, int lane) {
-  u32_t s2 = DTypeTraits<f16_t>::pack2(factor, factor);
-  auto scaled = [&](u32_t x) { return power_of_two ? f16x2_mul(x, s2) : f16x2_scaled(x, factor); };
+// Multiplies this thread's Q chunks (loaded by itself) by the f16 prescale, an exact power of two.
+__device__ __forceinline__ void prescale_q(const QTile& q, unsigned char* q_bytes, float prescale,
+                                           int warp, int lane) {
+  u32_t s2 = DTypeTraits<f16_t>::pack2(prescale, prescale);
   const int q_row0 = warp * Q_ROWS_PER_WARP;
   for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
     uint4* c = reinterpret_cast<uint4*>(q_bytes + (q.chunk_addr(q_row0 + r, chunk) - q.base));
     uint4 x = *c;
-    x.x = scaled(x.x);
-    x.y = scaled(x.y);
-    x.z = scaled(x.z);
-    x.w = scaled(x.w);
+    x.x = f16x2_mul(x.x, s2);
+    x.y = f16x2_mul(x.y, s2);
+    x.z = f16x2_mul(x.z, s2);
+    x.w = f16x2_mul(x.w, s2);
     *c = x;
   });
 }
@@ -937,8 +919,6 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       for (int e = 0; e < 4; ++e) o[mq][dt][e] = 0.0f;
   Softmax softmax;
   softmax.init();
-  // HALF_EXPONENTS: whether Q carries the whole base-2 scale (see there).
-  const bool q_carries_scale = HALF_EXPONENTS && p.q_prescale * p.scale_log2 <= 1.0f;
 
   if (num_tiles > 0) {
     if (kv_tma) {
@@ -975,13 +955,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
       // loop, whose registers it would otherwise share.
       wait_copies<1>();
-      prescale_q(q_tile, smem, q_carries_scale ? p.q_prescale * p.scale_log2 : p.q_prescale, !q_carries_scale,
-                 warp, lane);
+      prescale_q(q_tile, smem, p.q_prescale, warp, lane);
     }
   }
-  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise
-  // (1 when Q carries it).
-  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : q_carries_scale ? 1.0f : p.scale_log2;
+  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
   // With wgmma: the first Q row of this warp's warpgroup, whose products read from it; with
   // Q_DESC_IN_LOOP derived again in each sub-tile (q_base_now) from a fresh read of the thread
@@ -1049,7 +1027,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         if (!VARIANT_HAS_TRANSFORM && finite &&
             !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
-          const F16Logits<MMA_Q, KV_NT, HALF_EXPONENTS> probs{acc};
+          const F16Logits<MMA_Q, KV_NT> probs{acc};
           softmax.update(probs, o, softmax_scale);
           await_v();
           pv<KV_NT>(frag, v_sub.base, probs, softmax, o);
