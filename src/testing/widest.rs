@@ -8,9 +8,9 @@
 //! backend has one tiling and runs them as ordinary cases.
 //!
 //! The list: every mask × variant pair; in the full suite × every dtype configuration a GPU
-//! runs at head dim 128 (f16 with f32 and with f16 QK accumulation, bf16), plus head dims 64 and
-//! 256 in rotation; in the quick suite one configuration and head dim per pair, rotating. Ragged
-//! and paged K/V alternate. The batch has several query tiles per KV head, a partial last query
+//! runs at head dim 128 (f16 with f32 and with f16 QK accumulation, bf16) × ragged and paged K/V,
+//! plus head dims 64 and 256 in rotation; in the quick suite one configuration and head dim per
+//! pair, rotating. Where not both, ragged and paged K/V alternate. The batch has several query tiles per KV head, a partial last query
 //! and KV tile, and a request with fewer keys than queries' causal reach.
 
 use super::grid::{DtypeConfig, Point, VariantSpec, GROUPS, MASKS, SOFT_CAPS};
@@ -82,19 +82,24 @@ pub(super) fn widest_tile_points(
                 }
             };
             for (config, head_dims) in combos {
-                let group = GROUPS[i % GROUPS.len()];
-                let kv_heads = 1 + i % 2;
-                let point = Point {
-                    config,
-                    head_dims,
-                    mask,
-                    variant,
-                    heads: (group * kv_heads, kv_heads),
-                    lens: LENS.to_vec(),
-                };
-                let paged = (i % 2 == 1).then(|| layout_at(i / 2, PagedRun::Direct));
-                out.push((point, paged));
-                i += 1;
+                // Head dim 128 in the full suite over both K/V layouts (its widest tile's kernels
+                // are the long prefills'), the others alternating.
+                let both = suite == Suite::Full && head_dims == dims[0];
+                let layouts: Vec<bool> = if both { vec![false, true] } else { vec![i % 2 == 1] };
+                for paged in layouts {
+                    let group = GROUPS[i % GROUPS.len()];
+                    let kv_heads = 1 + i % 2;
+                    let point = Point {
+                        config,
+                        head_dims,
+                        mask,
+                        variant,
+                        heads: (group * kv_heads, kv_heads),
+                        lens: LENS.to_vec(),
+                    };
+                    out.push((point, paged.then(|| layout_at(i / 2, PagedRun::Direct))));
+                    i += 1;
+                }
             }
         }
     }
@@ -105,8 +110,8 @@ pub(super) fn widest_tile_points(
 mod tests {
     use super::*;
 
-    // Every mask x variant pair meets every GPU dtype configuration at head dim 128, over both
-    // K/V layouts, in the full suite.
+    // Every mask x variant pair meets every GPU dtype configuration at head dim 128 over each
+    // K/V layout in the full suite.
     #[test]
     fn the_full_list_covers_every_pair_and_configuration_at_head_dim_128() {
         let points = widest_tile_points(Suite::Full, &BackendCaps::cuda());
@@ -125,7 +130,9 @@ mod tests {
                             && (p.config.dtype, p.config.accum) == config
                     })
                     .collect();
-                assert_eq!(found.len(), 5, "{mask:?} {config:?}: one per variant");
+                assert_eq!(found.len(), 10, "{mask:?} {config:?}: per variant and layout");
+                let paged = found.iter().filter(|(_, paged)| paged.is_some()).count();
+                assert_eq!(paged, 5, "{mask:?} {config:?}: half of them paged");
             }
         }
         assert!(points.iter().any(|(_, paged)| paged.is_some()));
