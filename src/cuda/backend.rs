@@ -153,7 +153,8 @@ impl Backend for CudaBackend {
         tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
         let options = self.options(problem, KvCache::Ragged, tile, SplitChoice::Planned)?;
-        self.engine.prefill_host_with_options(problem, q, k, v, options)
+        self.engine
+            .prefill_host_with_options(problem, q, k, v, options)
     }
 
     /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel

@@ -406,9 +406,18 @@ mod tests {
     #[test]
     fn the_tiles_of_an_older_architecture_are_planned_and_wgmma_ones_only_on_hopper() {
         assert_eq!(plan_arch(None, Arch::Sm90a).ok(), Some(Arch::Sm90a));
-        assert_eq!(plan_arch(Some(Arch::Sm80), Arch::Sm90a).ok(), Some(Arch::Sm80));
-        assert_eq!(plan_arch(Some(Arch::Sm89), Arch::Sm80).ok(), Some(Arch::Sm89));
-        assert_eq!(plan_arch(Some(Arch::Sm90a), Arch::Sm90a).ok(), Some(Arch::Sm90a));
+        assert_eq!(
+            plan_arch(Some(Arch::Sm80), Arch::Sm90a).ok(),
+            Some(Arch::Sm80)
+        );
+        assert_eq!(
+            plan_arch(Some(Arch::Sm89), Arch::Sm80).ok(),
+            Some(Arch::Sm89)
+        );
+        assert_eq!(
+            plan_arch(Some(Arch::Sm90a), Arch::Sm90a).ok(),
+            Some(Arch::Sm90a)
+        );
         let text = plan_arch(Some(Arch::Sm90a), Arch::Sm89)
             .expect_err("wgmma tiles on sm_89")
             .to_string();

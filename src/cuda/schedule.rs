@@ -220,11 +220,7 @@ pub fn widest_row_tile_on(
         .map(|t| t.for_arch(arch, dims))
         .ok_or_else(|| Error::Unsupported {
             backend: "cuda",
-            what: format!(
-                "a row tile at head dims ({}, {})",
-                dims.qk(),
-                dims.vo()
-            ),
+            what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
             supported: "head dims with one".into(),
         })
 }

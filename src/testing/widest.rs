@@ -85,7 +85,11 @@ pub(super) fn widest_tile_points(
                 // Head dim 128 in the full suite over both K/V layouts (its widest tile's kernels
                 // are the long prefills'), the others alternating.
                 let both = suite == Suite::Full && head_dims == dims[0];
-                let layouts: Vec<bool> = if both { vec![false, true] } else { vec![i % 2 == 1] };
+                let layouts: Vec<bool> = if both {
+                    vec![false, true]
+                } else {
+                    vec![i % 2 == 1]
+                };
                 for paged in layouts {
                     let group = GROUPS[i % GROUPS.len()];
                     let kv_heads = 1 + i % 2;
@@ -130,7 +134,11 @@ mod tests {
                             && (p.config.dtype, p.config.accum) == config
                     })
                     .collect();
-                assert_eq!(found.len(), 10, "{mask:?} {config:?}: per variant and layout");
+                assert_eq!(
+                    found.len(),
+                    10,
+                    "{mask:?} {config:?}: per variant and layout"
+                );
                 let paged = found.iter().filter(|(_, paged)| paged.is_some()).count();
                 assert_eq!(paged, 5, "{mask:?} {config:?}: half of them paged");
             }

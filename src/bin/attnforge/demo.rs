@@ -75,11 +75,15 @@ fn demo_cases(dtype: DType) -> Result<Vec<DemoCase>, String> {
 fn run_case(backend: &dyn Backend, case: &DemoCase) -> Result<(f64, f64, f64, bool), String> {
     let p = &case.problem;
     let (q, k, v) = random_inputs(p, INPUT_SEED);
-    let mut out = backend.run(p, &q, &k, &v, TileRequest::Planned).map_err(|e| e.to_string())?;
+    let mut out = backend
+        .run(p, &q, &k, &v, TileRequest::Planned)
+        .map_err(|e| e.to_string())?;
     let mut best = f64::INFINITY;
     for _ in 0..TIMED_RUNS {
         let start = Instant::now();
-        out = backend.run(p, &q, &k, &v, TileRequest::Planned).map_err(|e| e.to_string())?;
+        out = backend
+            .run(p, &q, &k, &v, TileRequest::Planned)
+            .map_err(|e| e.to_string())?;
         best = best.min(start.elapsed().as_secs_f64());
     }
     let rows = sample_rows(p, SAMPLED_ROWS);
