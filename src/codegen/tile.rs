@@ -109,8 +109,10 @@ impl TileConfig {
     /// Whether a kernel with this tile and these head dims runs on `arch` (and so compiles for
     /// it): a wgmma tile on sm_90a only; an `mma.sync` tile wherever no wgmma twin takes its place
     /// ([`for_arch`](Self::for_arch)), so on sm_90a only the tiles without one (the key-split
-    /// tile, 32-key tiles, head dims (192, 128)). The engine never plans a twinned `mma.sync` tile
-    /// on sm_90a and refuses one forced on it, so those kernels are not built there.
+    /// tile, 32-key tiles, head dims (192, 128)). The engine plans a twinned `mma.sync` tile on
+    /// sm_90a only when asked for another architecture's tiles (`PlanOptions::tiles_of`, used by
+    /// `verify --tiles-of sm_80` to run sm_80's kernels on a Hopper GPU) and otherwise refuses one
+    /// forced on it, so `attnforge compile` does not build those kernels for sm_90a.
     pub fn runs_on(self, arch: Arch, dims: HeadDims) -> bool {
         if self.wgmma {
             arch == Arch::Sm90a
