@@ -34,6 +34,8 @@ def parse_args():
     ap.add_argument("--runs", type=int, default=50, help="timed launches per shape")
     ap.add_argument("--warmup", type=int, default=10, help="untimed launches first")
     ap.add_argument("--out", required=True, help="JSON lines of every measurement")
+    ap.add_argument("--tiles-of", metavar="ARCH",
+                    help="passed to attnforge bench: time that architecture's kernels (e.g. sm_80)")
     args = ap.parse_args()
     bins = []
     for b in args.bin:
@@ -69,6 +71,8 @@ def select_shapes(path, names):
 def bench(binary, suite, shapes_file, args, out_file):
     cmd = [binary, "bench", "--suite", suite, "--shapes", shapes_file, "--json-out", out_file,
            "--runs", str(args.runs), "--warmup", str(args.warmup)]
+    if args.tiles_of:
+        cmd += ["--tiles-of", args.tiles_of]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out_file) as f:

@@ -57,3 +57,8 @@ impl BackendKind {
         }
     }
 }
+
+/// An architecture named on the command line (`--tiles-of sm_80`).
+pub fn parse_arch(s: &str) -> Result<Arch, String> {
+    Arch::parse(s).map_err(|e| e.to_string())
+}

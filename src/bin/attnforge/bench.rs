@@ -7,11 +7,13 @@
 //! events time `--runs` launches after `--warmup` launches, rotating among input copies when one
 //! set would sit in L2, and the median is reported.
 
+use crate::backend::parse_arch;
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
 use attnforge::cuda::{
     DevicePagedKv, DeviceTensor, Engine, PagedPlan, PlanOptions, PrefillPlan, SplitChoice,
 };
+use attnforge::jit::Arch;
 use attnforge::paged::{append_paged_kv, PagedKvMut};
 use attnforge::shapes::{self, ResolvedShape};
 use attnforge::tensor::HostTensor;
@@ -84,6 +86,11 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Plan the kernels of this GPU architecture rather than the device's: `--tiles-of sm_80`
+    /// times the sm_80 (`mma.sync`) kernels on a Hopper GPU, compiled for it (a proxy: ptxas
+    /// allocates their registers for the device, not for sm_80).
+    #[arg(long, value_parser = parse_arch)]
+    tiles_of: Option<Arch>,
 }
 
 #[derive(Serialize)]
@@ -156,6 +163,12 @@ pub fn run(args: BenchArgs) -> ExitCode {
         engine.info().arch.name(),
         shapes.len()
     );
+    if let Some(arch) = args.tiles_of {
+        println!(
+            "tiles of {}: that architecture's kernels, compiled for this device",
+            arch.name()
+        );
+    }
     let mut out = match &args.json_out {
         Some(path) => match std::fs::File::create(path) {
             Ok(f) => Some(f),
@@ -418,7 +431,7 @@ impl BenchArgs {
         PlanOptions {
             tile: self.tile,
             split: self.split,
-            tiles_of: None,
+            tiles_of: self.tiles_of,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Prints one line per failing case (and per case with `-v`) and ends with the line
 //! `N passed, M failed`; the exit status is non-zero when M > 0.
 
-use crate::backend::BackendKind;
+use crate::backend::{parse_arch, BackendKind};
 use attnforge::jit::Arch;
 use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
 use attnforge::verify::{run_cases, run_merge_case, CaseResult};
@@ -41,10 +41,6 @@ pub struct VerifyArgs {
     /// `--tiles-of sm_80` runs the sm_80 (`mma.sync`) kernels on a Hopper GPU, compiled for it.
     #[arg(long, value_parser = parse_arch)]
     tiles_of: Option<Arch>,
-}
-
-fn parse_arch(s: &str) -> Result<Arch, String> {
-    Arch::parse(s).map_err(|e| e.to_string())
 }
 
 fn report(result: &CaseResult, seed: u64, verbose: bool) {
