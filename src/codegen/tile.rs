@@ -275,8 +275,11 @@ impl TileConfig {
     /// bf16 exponents after the rescale; CI of 31414b2): 10 of the 2884 spill, all sm_80
     /// `w4q2kv64` (were 80: the f16-QK window ones 24/32 B, the f32-QK paged no-variant and sinks
     /// ones 4-16 B, bf16 causal ragged 4 B); no sm_90a kernel spills or serializes its wgmma.
-    /// The budget keeps the rest visible and bounded; removing them is tracked in
-    /// `docs/perf-notes.md`.
+    /// Session 22 found code that removes 6 of the 10 (f32 row sums over a paged cache, sums by
+    /// MMA in the bf16 causal ragged kernels: `docs/results/s22/sm80-spill-fixes.patch`) and did
+    /// not take it: timed on the H200 planning sm_80's tiles it cost 1.6-3.5% on the kernels it
+    /// changes (`docs/benchmarks.md`, "Session 22"). The budget keeps the rest visible and
+    /// bounded; removing them is tracked in `docs/perf-notes.md`.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
