@@ -105,6 +105,33 @@ pub enum VariantSpec {
 /// smaller than the logits.
 pub const SOFT_CAPS: [f32; 3] = [50.0, 2.0, 0.05];
 
+/// The variants of the grids at turn `turn` of [`SOFT_CAPS`]: none, the soft-cap with cap
+/// `SOFT_CAPS[turn % 3]`, ALiBi, sinks and the custom variant.
+pub fn grid_variants(turn: usize) -> [VariantSpec; 5] {
+    [
+        VariantSpec::None,
+        VariantSpec::SoftCap(SOFT_CAPS[turn % SOFT_CAPS.len()]),
+        VariantSpec::Alibi,
+        VariantSpec::Sinks,
+        VariantSpec::Custom,
+    ]
+}
+
+/// Every mask x variant pair of the grids, in order, with its index: each mask of [`MASKS`]
+/// with [`grid_variants`] of its own turn.
+pub fn mask_variant_pairs() -> impl Iterator<Item = (usize, MaskSpec, VariantSpec)> {
+    MASKS
+        .iter()
+        .enumerate()
+        .flat_map(|(mi, &mask)| {
+            grid_variants(mi)
+                .into_iter()
+                .map(move |variant| (mask, variant))
+        })
+        .enumerate()
+        .map(|(pair, (mask, variant))| (pair, mask, variant))
+}
+
 impl VariantSpec {
     /// Short name.
     pub fn name(self) -> String {

@@ -37,8 +37,8 @@ use crate::dtype::DType;
 use crate::problem::{AttentionProblem, HeadDims, Mask, QkAccum, RaggedBatch, TensorView};
 use crate::tensor::HostTensor;
 use grid::{
-    batch_name, full_batches, heads, quick_batches, work, DtypeConfig, MaskSpec, Point,
-    VariantSpec, DTYPE_CONFIGS, GROUPS, MASKS, SOFT_CAPS,
+    batch_name, full_batches, heads, mask_variant_pairs, quick_batches, work, DtypeConfig,
+    MaskSpec, Point, VariantSpec, DTYPE_CONFIGS, GROUPS, SOFT_CAPS,
 };
 use rng::SplitMix64;
 
@@ -249,36 +249,26 @@ fn grid_points(
     out: &mut Vec<Point>,
 ) {
     let mut counter = 0usize;
-    for (mi, &mask) in MASKS.iter().enumerate() {
-        let variants = [
-            VariantSpec::None,
-            VariantSpec::SoftCap(SOFT_CAPS[mi % SOFT_CAPS.len()]),
-            VariantSpec::Alibi,
-            VariantSpec::Sinks,
-            VariantSpec::Custom,
-        ];
-        for (vi, &variant) in variants.iter().enumerate() {
-            let pair = mi * variants.len() + vi;
-            let combos: Vec<(usize, usize)> = match suite {
-                // One combination per pair, rotating through configs and head dims.
-                Suite::Quick => vec![(pair % configs.len(), (pair + pair / 4) % dims.len())],
-                Suite::Full => (0..configs.len())
-                    .flat_map(|c| (0..dims.len()).map(move |d| (c, d)))
-                    .collect(),
-            };
-            for (ci, di) in combos {
-                let group = GROUPS[(pair + ci + di) % GROUPS.len()];
-                let lens = batches[counter % batches.len()].clone();
-                counter += 1;
-                out.push(Point {
-                    config: configs[ci],
-                    head_dims: dims[di],
-                    mask,
-                    variant,
-                    heads: heads(group, counter),
-                    lens,
-                });
-            }
+    for (pair, mask, variant) in mask_variant_pairs() {
+        let combos: Vec<(usize, usize)> = match suite {
+            // One combination per pair, rotating through configs and head dims.
+            Suite::Quick => vec![(pair % configs.len(), (pair + pair / 4) % dims.len())],
+            Suite::Full => (0..configs.len())
+                .flat_map(|c| (0..dims.len()).map(move |d| (c, d)))
+                .collect(),
+        };
+        for (ci, di) in combos {
+            let group = GROUPS[(pair + ci + di) % GROUPS.len()];
+            let lens = batches[counter % batches.len()].clone();
+            counter += 1;
+            out.push(Point {
+                config: configs[ci],
+                head_dims: dims[di],
+                mask,
+                variant,
+                heads: heads(group, counter),
+                lens,
+            });
         }
     }
 }

@@ -17,7 +17,7 @@
 //! cache); and, where the backend has the device paths, a decode and a paged prefill case replayed
 //! from a CUDA graph and two cases whose cache the GPU fills with its own append.
 
-use super::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, MASKS, SOFT_CAPS};
+use super::grid::{grid_variants, mask_variant_pairs, DtypeConfig, MaskSpec, Point, VariantSpec};
 use super::rng::SplitMix64;
 use super::{BackendCaps, Case, Suite};
 use crate::dtype::DType;
@@ -217,35 +217,22 @@ pub fn paged_cases(
         return out;
     }
     let mut rng = SplitMix64::with_salt(base_seed, 0xdec0);
-    let variants = |mi: usize| {
-        [
-            VariantSpec::None,
-            VariantSpec::SoftCap(SOFT_CAPS[mi % SOFT_CAPS.len()]),
-            VariantSpec::Alibi,
-            VariantSpec::Sinks,
-            VariantSpec::Custom,
-        ]
-    };
     // Every mask x variant pair once over the quick batches.
-    let mut i = 0;
-    for (mi, &mask) in MASKS.iter().enumerate() {
-        for variant in variants(mi) {
-            let group = [1, 4, 8][i % 3];
-            let kv_heads = 1 + i % 2;
-            out.push((
-                Point {
-                    config: configs[i % configs.len()],
-                    head_dims: dims[(i + i / 4) % dims.len()],
-                    mask,
-                    variant,
-                    heads: (group * kv_heads, kv_heads),
-                    lens: batches[i % batches.len()].clone(),
-                },
-                layout_at(i, PagedRun::Direct),
-                "paged",
-            ));
-            i += 1;
-        }
+    for (i, mask, variant) in mask_variant_pairs() {
+        let group = [1, 4, 8][i % 3];
+        let kv_heads = 1 + i % 2;
+        out.push((
+            Point {
+                config: configs[i % configs.len()],
+                head_dims: dims[(i + i / 4) % dims.len()],
+                mask,
+                variant,
+                heads: (group * kv_heads, kv_heads),
+                lens: batches[i % batches.len()].clone(),
+            },
+            layout_at(i, PagedRun::Direct),
+            "paged",
+        ));
     }
     // Batch decode: one query per request.
     let decode_batches: Vec<Vec<(usize, usize)>> = {
@@ -274,7 +261,7 @@ pub fn paged_cases(
                     config: configs[j % configs.len()],
                     head_dims: dims[[1, 0, 3, 2][j % 4] % dims.len()],
                     mask: [MaskSpec::None, MaskSpec::Window(100), MaskSpec::Causal][j % 3],
-                    variant: variants(j)[j % 5],
+                    variant: grid_variants(j)[j % 5],
                     heads: (group * kv_heads, kv_heads),
                     lens: lens.clone(),
                 },

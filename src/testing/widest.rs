@@ -13,7 +13,7 @@
 //! pair, rotating. Where not both, ragged and paged K/V alternate. The batch has several query tiles per KV head, a partial last query
 //! and KV tile, and a request with fewer keys than queries' causal reach.
 
-use super::grid::{DtypeConfig, Point, VariantSpec, GROUPS, MASKS, SOFT_CAPS};
+use super::grid::{mask_variant_pairs, DtypeConfig, Point, GROUPS};
 use super::paged::{layout_at, PagedRun};
 use super::{BackendCaps, PagedCase, Suite};
 use crate::dtype::DType;
@@ -60,50 +60,40 @@ pub(super) fn widest_tile_points(
         return out;
     }
     let mut i = 0usize;
-    for (mi, &mask) in MASKS.iter().enumerate() {
-        let variants = [
-            VariantSpec::None,
-            VariantSpec::SoftCap(SOFT_CAPS[mi % SOFT_CAPS.len()]),
-            VariantSpec::Alibi,
-            VariantSpec::Sinks,
-            VariantSpec::Custom,
-        ];
-        for (vi, &variant) in variants.iter().enumerate() {
-            let pair = mi * variants.len() + vi;
-            let combos: Vec<(DtypeConfig, HeadDims)> = match suite {
-                Suite::Quick => vec![(configs[pair % configs.len()], dims[pair % dims.len()])],
-                Suite::Full => {
-                    let mut c: Vec<_> = configs.iter().map(|&c| (c, dims[0])).collect();
-                    if dims.len() > 1 {
-                        let other = dims[1 + pair % (dims.len() - 1)];
-                        c.push((configs[pair % configs.len()], other));
-                    }
-                    c
+    for (pair, mask, variant) in mask_variant_pairs() {
+        let combos: Vec<(DtypeConfig, HeadDims)> = match suite {
+            Suite::Quick => vec![(configs[pair % configs.len()], dims[pair % dims.len()])],
+            Suite::Full => {
+                let mut c: Vec<_> = configs.iter().map(|&c| (c, dims[0])).collect();
+                if dims.len() > 1 {
+                    let other = dims[1 + pair % (dims.len() - 1)];
+                    c.push((configs[pair % configs.len()], other));
                 }
+                c
+            }
+        };
+        for (config, head_dims) in combos {
+            // Head dim 128 in the full suite over both K/V layouts (its widest tile's kernels
+            // are the long prefills'), the others alternating.
+            let both = suite == Suite::Full && head_dims == dims[0];
+            let layouts: Vec<bool> = if both {
+                vec![false, true]
+            } else {
+                vec![i % 2 == 1]
             };
-            for (config, head_dims) in combos {
-                // Head dim 128 in the full suite over both K/V layouts (its widest tile's kernels
-                // are the long prefills'), the others alternating.
-                let both = suite == Suite::Full && head_dims == dims[0];
-                let layouts: Vec<bool> = if both {
-                    vec![false, true]
-                } else {
-                    vec![i % 2 == 1]
+            for paged in layouts {
+                let group = GROUPS[i % GROUPS.len()];
+                let kv_heads = 1 + i % 2;
+                let point = Point {
+                    config,
+                    head_dims,
+                    mask,
+                    variant,
+                    heads: (group * kv_heads, kv_heads),
+                    lens: LENS.to_vec(),
                 };
-                for paged in layouts {
-                    let group = GROUPS[i % GROUPS.len()];
-                    let kv_heads = 1 + i % 2;
-                    let point = Point {
-                        config,
-                        head_dims,
-                        mask,
-                        variant,
-                        heads: (group * kv_heads, kv_heads),
-                        lens: LENS.to_vec(),
-                    };
-                    out.push((point, paged.then(|| layout_at(i / 2, PagedRun::Direct))));
-                    i += 1;
-                }
+                out.push((point, paged.then(|| layout_at(i / 2, PagedRun::Direct))));
+                i += 1;
             }
         }
     }
@@ -112,6 +102,7 @@ pub(super) fn widest_tile_points(
 
 #[cfg(test)]
 mod tests {
+    use super::super::grid::MASKS;
     use super::*;
 
     // Every mask x variant pair meets every GPU dtype configuration at head dim 128 over each
