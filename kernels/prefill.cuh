@@ -169,6 +169,13 @@ constexpr bool F16_FLOAT_WHOLE_SUB = WGMMA && MMA_Q == 1 && !HEAVY_LOGITS && !VA
 constexpr int F16_FLOAT_PIECE = F16_FLOAT_WHOLE_SUB                            ? KV_SUB
                                 : KV_SUB % 32 == 0 && !(HEAVY_LOGITS && !WGMMA) ? 32
                                                                                 : 16;
+// Whether, with f16 QK on wgmma, the float path of a sub-tile computed whole (F16_FLOAT_WHOLE_SUB)
+// packs its P into the accumulators as the hot path leaves it, so that both paths meet before one
+// P V: the choice between them (no transform, no mask, no overflow) is then each warp's own, a
+// vote of its lanes, rather than the warpgroup's through a named barrier per sub-tile (the
+// warpgroup's products must be issued by all of its warps at the same instruction, which one P V
+// after the paths ensures). Same values: the pairs are packed as the float path's P V packs them.
+constexpr bool F16_WARP_CHOICE = WGMMA && spec::QK_F16_ACCUM && F16_FLOAT_WHOLE_SUB;
 // Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
 // from a fresh read of the lane id (FreshRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
@@ -221,6 +228,8 @@ constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
 constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && SUM_BY_MMA_WGMMA && DTypeTraits<DTypeIn>::IS_BF16 &&
                                            (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA, SOFTMAX_EXP_AFTER_RESCALE>;
+static_assert(!F16_WARP_CHOICE || (!SUM_BY_MMA && F16_FLOAT_PIECE == KV_SUB),
+              "f16 QK, one P V after both paths: one float piece, P V's A fragments alone");
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;
@@ -378,6 +387,9 @@ __device__ __forceinline__ void qk_tile_f32(const FragAddrs& f, u32_t k_base, in
 // warp is finite (with wgmma: of the warpgroup, whose warps must then take the same path to their
 // next products), at one HFMA2 per accumulator register (a tree of f16x2_nonfinite_or) and one
 // vote (a warpgroup barrier with wgmma).
+// WARPGROUP_VOTE false: of the warp alone (a vote of its lanes), for a caller whose warps may take
+// different paths to the same products (F16_WARP_CHOICE).
+template <bool WARPGROUP_VOTE = WGMMA>
 __device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t q_group_base, u32_t k_base, int warpgroup,
                                        u32_t (&acc)[MMA_Q][KV_NT][2]) {
   constexpr int REGS = MMA_Q * KV_NT * 2;
@@ -399,7 +411,7 @@ __device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t q_group_base, u
   for (int l = 0; (1 << l) < REGS; ++l)
 #pragma unroll
     for (int i = 0; i + (1 << l) < REGS; i += 2 << l) tree[i] = f16x2_nonfinite_or(tree[i + (1 << l)], tree[i]);
-  if constexpr (WGMMA) return warpgroup_all(f16x2_finite(tree[0]), warpgroup);
+  if constexpr (WARPGROUP_VOTE) return warpgroup_all(f16x2_finite(tree[0]), warpgroup);
   return !__any_sync(0xffffffffu, !f16x2_finite(tree[0]));
 }
 
@@ -718,13 +730,14 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
 // coordinates from `rows`, RowCoords or FreshRows): the mask
 // and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
 // `await_v()` has returned).
-template <int NT, typename Rows, typename AwaitV>
-__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const Rows& rows,
-                                                  const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
-                                                  int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
-                                                  float softmax_scale, Softmax& softmax,
-                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
-                                                  AwaitV await_v) {
+// float_logits_update: the same up to the softmax update, leaving P in `s` (F32Logits) for the
+// caller's P V.
+template <int NT, typename Rows>
+__device__ __forceinline__ void float_logits_update(const PrefillParams& p, const Rows& rows,
+                                                    const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
+                                                    int tok_hi, int k0, int lane, float softmax_scale,
+                                                    Softmax& softmax, float (&s)[MMA_Q][NT][4],
+                                                    float (&o)[MMA_Q][VO_NT][4]) {
   // An unmasked sub-tile within the small form (from the accumulator) goes to the softmax as
   // FactoredSmallLogits: the transform merges into the exponents.
   // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
@@ -752,8 +765,17 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   } else {
     softmax.update(probs, o, softmax_scale);
   }
+}
+template <int NT, typename Rows, typename AwaitV>
+__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const Rows& rows,
+                                                  const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
+                                                  int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
+                                                  float softmax_scale, Softmax& softmax,
+                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
+                                                  AwaitV await_v) {
+  float_logits_update(p, rows, m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
   await_v();
-  pv<NT>(f, v_base, probs, softmax, o);
+  pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
 }
 
 // One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
@@ -1021,7 +1043,27 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const u32_t stage = WGMMA ? warp_uniform(t % KV_STAGES) : t % KV_STAGES;
       const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES};
       const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
-      if constexpr (spec::QK_F16_ACCUM) {
+      if constexpr (F16_WARP_CHOICE) {
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
+        if (!VARIANT_HAS_TRANSFORM && finite &&
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
+          softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
+        } else {
+          float s[MMA_Q][KV_NT][4];
+          widen_f16(frag, k_sub.base, acc, 0, finite, s);
+          float_logits_update(p, loop_rows(), m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
+          const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+            for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
+        }
+        await_v();
+        pv<KV_NT>(frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
+      } else if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
