@@ -86,9 +86,7 @@ constexpr int TMA_BARRIER_BYTES = TMA_KV ? 2 * 8 : 0;
 // wgmma's swizzle is a function of the shared address, so its tiles start 1024-byte aligned: the
 // kernel rounds its base up, within this much slack.
 constexpr int SMEM_ALIGN_SLACK = WGMMA ? 1024 : 0;
-constexpr int SMEM_BYTES =
-    Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES + TMA_BARRIER_BYTES +
-    SMEM_ALIGN_SLACK;
+// (SMEM_BYTES, the total, follows BOUNDS_IN_SHARED below.)
 static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-tiles of 16k keys");
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
@@ -151,6 +149,43 @@ constexpr bool ACCUMULATOR_BOUND =
 constexpr bool HEAVY_LOGITS =
     ACCUMULATOR_BOUND && ((VARIANT_HAS_TRANSFORM && !(TRANSFORM_FROM_ACC && VARIANT_TRANSFORM_FROM_ACC)) ||
                           VARIANT_HAS_MASK || spec::MASK_KIND == MASK_SLIDING_WINDOW || spec::MASK_KIND == MASK_CUSTOM);
+// Whether the KV loop reads the request's bounds from shared memory (SharedBounds: each warp's
+// copy, written once before the loop) rather than holding them in registers through it: the
+// lengths qo_len and kv_len (the copies' valid rows, the tile mask test, the element masks) and,
+// where a mask uses them (TOKENS_IN_SHARED), the query tile's first and last token (the tile mask
+// test); the loop also computes the rows' coordinates where its masks use them (LOOP_ROWS_FRESH).
+// For the mma.sync kernels of an accumulator-bound tile (255 registers: 128 O and 64 S floats a
+// thread) that ptxas spilled without it, none with a transform or a variant's mask: f16 QK with a
+// sliding window; f32 QK over a paged cache, unmasked or causal, with f16 inputs; f32 QK causal
+// over ragged K/V with bf16 inputs. Each stored loop-invariant scalars before the KV loop and
+// refilled them in it (session 22: the tile count, the first key, the KV length; the causal
+// diagonal's offset), and removing one of them only moved the spill (session 23). NVRTC 13,
+// compile only (session 24), sm_80 `w4q2kv64` D=128, none and sinks variants alike, spill
+// stores/loads in bytes: f16-QK window ragged and paged 24/32 -> 0 (245 and 246 registers), f16
+// paged unmasked 4/4 -> 0, f16 paged causal 16/20 -> 0, bf16 ragged causal 4/4 -> 0; sm_80's
+// other 230 `w4q2kv64` kernels keep their code. At 255 registers ptxas's allocation moves with any
+// of this, so the set is the one measured spill-free, not a rule; other sets moved the spills
+// (sm_80): the tile count, first and last key in the slot too: f16 paged unmasked 8/12, bf16
+// ragged causal 44/88; without the fresh rows: bf16 ragged causal 8/8; the token range of an
+// unmasked kernel too: f16 paged unmasked 8/8 (the request's page-table pointer spilled); that
+// pointer in the slot too: 8/8 (the query tile's first row, for the epilogue); one slot per CTA at
+// a fixed address, written by thread 0 before the first tile's barrier: 8/16 to 28/40 on four of
+// the six kinds. The bf16 paged causal kernels are left out: they do not spill on sm_80 (CI's
+// target), only on sm_89. The cost (a shared load where the loop reads a bound, its address from
+// a fresh thread index; the rows' coordinates at each masked sub-tile) is not measured: no A100
+// has run it.
+constexpr bool BOUNDS_IN_SHARED =
+    ACCUMULATOR_BOUND && !WGMMA && !VARIANT_HAS_TRANSFORM && !VARIANT_HAS_MASK &&
+    (spec::QK_F16_ACCUM              ? spec::MASK_KIND == MASK_SLIDING_WINDOW
+     : DTypeTraits<DTypeIn>::IS_BF16 ? spec::MASK_KIND == MASK_CAUSAL && !spec::KV_PAGED
+                                     : spec::KV_PAGED && (spec::MASK_KIND == MASK_NONE ||
+                                                          spec::MASK_KIND == MASK_CAUSAL));
+constexpr bool TOKENS_IN_SHARED = BOUNDS_IN_SHARED && spec::MASK_KIND != MASK_NONE;
+// SharedBounds: a warp's slot (two ints, or four with the token range), and all of them.
+constexpr int BOUNDS_SLOT_BYTES = TOKENS_IN_SHARED ? 16 : 8;
+constexpr int BOUNDS_BYTES = BOUNDS_IN_SHARED ? NUM_WARPS * BOUNDS_SLOT_BYTES : 0;
+constexpr int SMEM_BYTES = Q_TILE_BYTES + KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + PAGE_IDS_BYTES + KV_BASES_BYTES +
+                           TMA_BARRIER_BYTES + BOUNDS_BYTES + SMEM_ALIGN_SLACK;
 // f32 QK accumulation: S = Q K^T, the logits, the softmax update and P V of a sub-tile run in
 // pieces of this many keys (with wgmma one m64n32k16 product per m64 tile and k16 step and piece;
 // with mma.sync half of the n8 tiles per piece), so that 32 keys' logits are live, not 64.
@@ -179,7 +214,7 @@ constexpr bool F16_WARP_CHOICE = WGMMA && spec::QK_F16_ACCUM && F16_FLOAT_WHOLE_
 // Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
 // from a fresh read of the lane id (FreshRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
-constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS;
+constexpr bool LOOP_ROWS_FRESH = HEAVY_LOGITS || BOUNDS_IN_SHARED;
 // Whether a two-warpgroup f16-QK kernel derives its warpgroup's Q base (the products' A
 // descriptor) from a fresh read of the thread index in each sub-tile, rather than holding it
 // through the loop: with heavy logits only. It is made warp-uniform (warp_uniform), as the
@@ -778,6 +813,40 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
 }
 
+// The request's bounds as the KV loop reads them with BOUNDS_IN_SHARED: each warp's copy in
+// BOUNDS_SLOT_BYTES of shared memory from `base` on (warp w's at base + w * BOUNDS_SLOT_BYTES),
+// written by all its lanes at once (the same values) and read back where the loop uses them. The
+// slot's address is formed from a fresh read of the thread index at each read.
+struct SharedBounds {
+  u32_t base;
+
+  __device__ __forceinline__ void store(int qo_len, int kv_len, int tok_lo, int tok_hi) const {
+    const u32_t slot = base + (threadIdx.x / 32) * BOUNDS_SLOT_BYTES;
+    if constexpr (TOKENS_IN_SHARED) {
+      asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "r"(qo_len), "r"(kv_len), "r"(tok_lo),
+                   "r"(tok_hi));
+    } else {
+      asm volatile("st.shared.v2.s32 [%0], {%1, %2};" ::"r"(slot), "r"(qo_len), "r"(kv_len));
+    }
+    __syncwarp();
+  }
+
+  __device__ __forceinline__ u32_t slot() const {
+    return base + static_cast<u32_t>(thread_index()) / 32 * BOUNDS_SLOT_BYTES;
+  }
+
+  // The KV length alone (the copies' valid rows); the mask context `m` with both lengths; the
+  // query tile's first and last token (TOKENS_IN_SHARED).
+  __device__ __forceinline__ int kv_len() const { return ld_shared_s32(slot() + 4); }
+  __device__ __forceinline__ RequestMaskContext mask(const RequestMaskContext& m) const {
+    RequestMaskContext r = m;
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];" : "=r"(r.qo_len), "=r"(r.kv_len) : "r"(slot()));
+    return r;
+  }
+  __device__ __forceinline__ int tok_lo() const { return ld_shared_s32(slot() + 8); }
+  __device__ __forceinline__ int tok_hi() const { return ld_shared_s32(slot() + 12); }
+};
+
 // One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
 // over one chunk of it when the plan splits the KV range. A template (of nothing) so that the
 // branches `if constexpr` discards are not instantiated: the wgmma calls, say, do not compile for
@@ -861,6 +930,41 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
   // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
   const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
+  // The request's bounds as the KV loop takes them: from shared memory with BOUNDS_IN_SHARED
+  // (stored here, before the first copy that reads them), else the registers of `m` and the token
+  // range.
+  const SharedBounds bounds{tma_bars + TMA_BARRIER_BYTES};
+  if constexpr (BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
+  auto loop_kv_len = [&]() {
+    if constexpr (BOUNDS_IN_SHARED) {
+      return bounds.kv_len();
+    } else {
+      return m.kv_len;
+    }
+  };
+  // (`m` itself otherwise, not a copy: passing a copy to the logits moved ptxas's register
+  // allocation of the ALiBi kernels, 246 -> 254 registers for bf16 causal paged `w4q2kv64` at sm_80.)
+  auto loop_mask = [&]() -> decltype(auto) {
+    if constexpr (BOUNDS_IN_SHARED) {
+      return bounds.mask(m);
+    } else {
+      return (m);
+    }
+  };
+  auto loop_tok_lo = [&]() {
+    if constexpr (TOKENS_IN_SHARED) {
+      return bounds.tok_lo();
+    } else {
+      return tok_lo;
+    }
+  };
+  auto loop_tok_hi = [&]() {
+    if constexpr (TOKENS_IN_SHARED) {
+      return bounds.tok_hi();
+    } else {
+      return tok_hi;
+    }
+  };
   const bool kv_tma = TMA_KV && p.kv_tma != 0;
   auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
   auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
@@ -881,7 +985,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // last to read (they were issued before the barrier that precedes this call).
   auto stage_next_page_ids = [&](int t) {
     const int k1 = kv_lo + (t + 1) * KV_TILE;
-    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, m.kv_len - k1);
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop_kv_len() - k1);
   };
   // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
   // The group is committed even when empty (past the last tile) so that every iteration waits for
@@ -893,7 +997,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         if (threadIdx.x == 0) issue_tma(t, k0);
       } else {
         load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, m.kv_len - k0);
+                                                                               k0, loop_kv_len() - k0);
         stage_next_page_ids(t);
       }
     }
@@ -1067,7 +1171,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+                                                                KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
           const F16Logits<MMA_Q, KV_NT> probs{acc};
           softmax.update(probs, o, softmax_scale);
@@ -1078,7 +1183,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           for (int piece = 0; piece < KV_SUB / F16_FLOAT_PIECE; ++piece) {
             float s[MMA_Q][F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F16_FLOAT_PIECE, lane, frag,
+            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(),
+                              k0 + piece * F16_FLOAT_PIECE, lane, frag,
                               v_sub.base + piece * F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
                               await_v);
           }
@@ -1103,11 +1209,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
               await_v();
               load_k(t + 1);
             };
-            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
-                              softmax_scale, softmax, s, o, await_v_then_load_k);
+            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * F32_PIECE,
+                              lane, frag, v_piece, softmax_scale, softmax, s, o, await_v_then_load_k);
           } else {
-            float_logits_step(p, loop_rows(), m, tile, tok_lo, tok_hi, k0 + piece * F32_PIECE, lane, frag, v_piece,
-                              softmax_scale, softmax, s, o, await_v);
+            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * F32_PIECE,
+                              lane, frag, v_piece, softmax_scale, softmax, s, o, await_v);
           }
         }
       }

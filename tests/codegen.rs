@@ -102,6 +102,59 @@ fn every_kernel_of_the_matrix_has_its_own_name_and_source() {
     }
 }
 
+/// The kernels whose KV loop reads the request's bounds from shared memory (`prefill.cuh`
+/// `BOUNDS_IN_SHARED`) are the ten that ptxas spilled without it on sm_80 (NVRTC 13), and their
+/// shared memory counts each warp's slot: 8 bytes unmasked, 16 with a mask.
+#[test]
+fn loop_bounds_in_shared_memory_for_the_ten_sm80_kernels_that_spilled() {
+    let mut names: Vec<String> = compile_matrix()
+        .iter()
+        .filter(|s| s.keeps_loop_bounds_in_shared())
+        .map(|s| s.name())
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = [
+        "f16_of16_qkf32_d128x128_none_none_paged",
+        "f16_of16_qkf32_d128x128_none_sinks_paged",
+        "f16_of16_qkf32_d128x128_causal_none_paged",
+        "f16_of16_qkf32_d128x128_causal_sinks_paged",
+        "f16_of16_qkf16_d128x128_window_none_ragged",
+        "f16_of16_qkf16_d128x128_window_none_paged",
+        "f16_of16_qkf16_d128x128_window_sinks_ragged",
+        "f16_of16_qkf16_d128x128_window_sinks_paged",
+        "bf16_obf16_qkf32_d128x128_causal_none_ragged",
+        "bf16_obf16_qkf32_d128x128_causal_sinks_ragged",
+    ]
+    .iter()
+    .map(|n| format!("attnforge_prefill_{n}_w4q2kv64"))
+    .collect();
+    expected.sort();
+    assert_eq!(names, expected);
+
+    let paged = KernelSpec {
+        kv: KvCache::Paged,
+        ..base()
+    };
+    assert_eq!(paged.tile.label(), "w4q2kv64");
+    let bf16 = KernelSpec {
+        input_dtype: DType::Bf16,
+        output_dtype: DType::Bf16,
+        ..paged.clone()
+    };
+    let unmasked = KernelSpec {
+        mask: MaskKind::None,
+        ..paged.clone()
+    };
+    let unmasked_bf16 = KernelSpec {
+        mask: MaskKind::None,
+        ..bf16.clone()
+    };
+    assert!(paged.keeps_loop_bounds_in_shared() && unmasked.keeps_loop_bounds_in_shared());
+    assert!(!bf16.keeps_loop_bounds_in_shared() && !unmasked_bf16.keeps_loop_bounds_in_shared());
+    assert_eq!(paged.smem_bytes(), bf16.smem_bytes() + 4 * 16);
+    assert_eq!(unmasked.smem_bytes(), unmasked_bf16.smem_bytes() + 4 * 8);
+}
+
 #[test]
 fn every_code_changing_field_changes_the_source() {
     let b = base();

@@ -5,6 +5,7 @@
 //! rendered source, so any field that changes the code changes the key by construction.
 
 use super::tile::TileConfig;
+use super::variant::VariantCode;
 use crate::dtype::DType;
 use crate::problem::{
     AttentionProblem, CudaVariantSource, HeadDims, MaskKind, QkAccum, Variant, VariantKind,
@@ -180,15 +181,52 @@ impl KernelSpec {
     }
 
     /// Dynamic shared memory per CTA: the tile's buffers, each thread's K and V base pointers
-    /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, and with
-    /// [`copies_kv_by_tma`](Self::copies_kv_by_tma) one mbarrier (8 bytes) per K/V buffer.
+    /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, with
+    /// [`copies_kv_by_tma`](Self::copies_kv_by_tma) one mbarrier (8 bytes) per K/V buffer, and
+    /// with [`keeps_loop_bounds_in_shared`](Self::keeps_loop_bounds_in_shared) each warp's copy
+    /// of the request's bounds (8 bytes, 16 with a mask).
     pub fn smem_bytes(&self) -> u32 {
         let page_ids = match self.kv {
             KvCache::Ragged => 0,
             KvCache::Paged => 2 * self.tile.kv_tile * 4,
         };
         let tma_barriers = if self.copies_kv_by_tma() { 2 * 8 } else { 0 };
-        self.tile.smem_bytes(self.head_dims) + self.tile.threads() * 16 + page_ids + tma_barriers
+        let bounds = if !self.keeps_loop_bounds_in_shared() {
+            0
+        } else if self.mask == MaskKind::None {
+            self.tile.num_warps * 8
+        } else {
+            self.tile.num_warps * 16
+        };
+        self.tile.smem_bytes(self.head_dims)
+            + self.tile.threads() * 16
+            + page_ids
+            + tma_barriers
+            + bounds
+    }
+
+    /// Whether the kernel's KV loop reads the request's lengths (and, with a mask, the query
+    /// tile's token range) from shared memory rather than holding them in registers
+    /// (`prefill.cuh` `BOUNDS_IN_SHARED`, which says why): the `mma.sync` kernels of the
+    /// head-dim-128 tile of two m16 tiles per warp over 64-key sub-tiles that ptxas spilled
+    /// without it, none with a transform or a variant's mask: f16 QK with a sliding window, f32
+    /// QK over a paged cache unmasked or causal with f16 inputs, f32 QK causal over ragged K/V
+    /// with bf16 inputs.
+    pub fn keeps_loop_bounds_in_shared(&self) -> bool {
+        let t = self.tile;
+        let accumulator_bound = self.head_dims.vo() == 128 && t.kv_sub == 64 && t.mma_q == 2;
+        let code = VariantCode::of(&self.variant);
+        let plain = code.transform.is_none() && code.mask.is_none();
+        let kind = match (self.qk_accum, self.input_dtype) {
+            (QkAccum::F16, _) => self.mask == MaskKind::SlidingWindow,
+            (QkAccum::F32, DType::Bf16) => {
+                self.mask == MaskKind::Causal && self.kv == KvCache::Ragged
+            }
+            (QkAccum::F32, _) => {
+                self.kv == KvCache::Paged && matches!(self.mask, MaskKind::None | MaskKind::Causal)
+            }
+        };
+        accumulator_bound && !t.wgmma && plain && kind
     }
 
     /// Whether the kernel copies whole K/V tiles with the tensor memory accelerator when the
