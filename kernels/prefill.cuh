@@ -263,6 +263,13 @@ constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
 constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && SUM_BY_MMA_WGMMA && DTypeTraits<DTypeIn>::IS_BF16 &&
                                            (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA, SOFTMAX_EXP_AFTER_RESCALE>;
+// Whether the epilogue reads the request's query length again (from the work list, by a load the
+// compiler cannot merge with the first) for the packed row count its rows' coordinates and stores
+// check, rather than holding it through the loop: the f16-QK causal paged two-warpgroup kernels,
+// where with F16_WARP_CHOICE ptxas otherwise stored it before the loop and refilled it in the
+// epilogue (NVRTC 13, sm_90a, D=128 `w8q1kv64g` causal none and sinks paged: 4/4 B of spills).
+constexpr bool EPILOGUE_RELOADS_QO_LEN =
+    F16_WARP_CHOICE && ACCUMULATOR_BOUND && spec::KV_PAGED && spec::MASK_KIND == MASK_CAUSAL;
 static_assert(!F16_WARP_CHOICE || (!SUM_BY_MMA && F16_FLOAT_PIECE == KV_SUB),
               "f16 QK, one P V after both paths: one float piece, P V's A fragments alone");
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
@@ -1245,6 +1252,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
   // results and keep them live after all). With LOOP_ROWS_FRESH the loop's logits do the same
   // (FreshRows), and the first ones are not used at all.
+  if constexpr (EPILOGUE_RELOADS_QO_LEN) {
+    int qo_len;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&p.work[2 * blockIdx.x + 1].y));
+    tile.packed_len = qo_len * p.group_size;
+  }
   rows = tile.row_coords(warp_rows, lane_id());
   float sink_log2[MMA_Q][2];
 #pragma unroll
