@@ -53,7 +53,8 @@ def parse_args():
 
 
 def select_shapes(path, names):
-    """The shape list restricted to `names`, per suite; an error naming any shape not found."""
+    """The shape list restricted to `names`, per suite, and the names of all its suites; an error
+    naming any shape not found."""
     with open(path) as f:
         lists = json.load(f)
     wanted = set(names)
@@ -65,7 +66,7 @@ def select_shapes(path, names):
         wanted -= {s["name"] for s in chosen}
     if wanted:
         sys.exit(f"ab.py: shapes not in {path}: {', '.join(sorted(wanted))}")
-    return selected
+    return selected, list(lists)
 
 
 def bench(binary, suite, shapes_file, args, out_file):
@@ -88,13 +89,15 @@ def figure(line):
 
 def main():
     args, bins = parse_args()
-    selected = select_shapes(args.shapes, args.shape)
+    selected, suites = select_shapes(args.shapes, args.shape)
     records = []
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         shapes_file = os.path.join(tmp, "shapes.json")
         with open(shapes_file, "w") as f:
-            json.dump(selected, f)
+            # Every suite's key, empty where nothing was chosen: `attnforge bench` reads the file
+            # whole and needs each list (only paged shapes chosen: no prefill key, an error).
+            json.dump({suite: selected.get(suite, []) for suite in suites}, f)
         order = [bins[0], bins[1], bins[1], bins[0]] * args.rounds
         for run, (name, path) in enumerate(order, start=1):
             for suite in selected:
