@@ -1158,12 +1158,14 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, KV_SUB)) {
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+                                                                KV_SUB)) {
           softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
         } else {
           float s[MMA_Q][KV_NT][4];
           widen_f16(frag, k_sub.base, acc, 0, finite, s);
-          float_logits_update(p, loop_rows(), m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
+          float_logits_update(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, softmax_scale,
+                              softmax, s, o);
           const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
 #pragma unroll
           for (int mq = 0; mq < MMA_Q; ++mq)
