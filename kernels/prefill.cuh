@@ -14,8 +14,8 @@
 // S = Q K^T is computed); each tile is computed KV_SUB keys at a time (the S registers). With one
 // K/V buffer (KV_STAGES = 1: the rows layout over ragged K/V, one sub-tile per tile, for tiles
 // too large to double-buffer at two CTAs per SM), tile t + 1's K rows load during tile t's P V
-// and its V rows during tile t + 1's S = Q K^T, two barriers per tile (with f16 QK both load
-// after tile t, whose overflow fallback reads K during P V: three barriers). Per
+// and its V rows during tile t + 1's S = Q K^T, two barriers per tile (with f16 QK whose overflow
+// fallback reads K during P V, both load after tile t: three barriers). Per
 // sub-tile each warp computes S = Q K^T with mma.m16n8k16 (f32 or f16 accumulators), applies
 // the variant and the mask to S as f32, updates the online softmax and accumulates O += P V (f32
 // accumulators). On sm_90a a wgmma tile (WGMMA, below) computes both products as warpgroup MMAs
@@ -211,6 +211,12 @@ constexpr int F16_FLOAT_PIECE = F16_FLOAT_WHOLE_SUB                            ?
 // warpgroup's products must be issued by all of its warps at the same instruction, which one P V
 // after the paths ensures). Same values: the pairs are packed as the float path's P V packs them.
 constexpr bool F16_WARP_CHOICE = WGMMA && spec::QK_F16_ACCUM && F16_FLOAT_WHOLE_SUB;
+// Whether a sub-tile is done reading its K rows before its P V: with f32 QK, and with f16 QK where
+// both paths meet before one P V (F16_WARP_CHOICE: the overflow fallback, the last reader of K,
+// runs before it), not where the f16 float path runs piece by piece, each piece to its own P V.
+// With one K/V buffer, tile t + 1's K rows then load during tile t's P V, after the V barrier, and
+// its V rows during tile t + 1's S = Q K^T (two barriers per tile), rather than both after tile t.
+constexpr bool K_FREE_BEFORE_PV = !spec::QK_F16_ACCUM || F16_WARP_CHOICE;
 // Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
 // from a fresh read of the lane id (FreshRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
@@ -1030,10 +1036,10 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
   // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
   // are the newest group and awaited so; that barrier also tells that every warp is past this
-  // tile's S = Q K^T, so with f32 QK the caller then lets tile t + 1's K rows out (with f16 QK the
-  // overflow fallback still reads K_t during P V: after the tile). This hook holds nothing but
-  // v_pending: holding more (the K loader) moved ptxas's register allocation of the two-buffer
-  // kernels, which do not use it (NVRTC 13, session 10).
+  // tile's S = Q K^T, so with K_FREE_BEFORE_PV the caller then lets tile t + 1's K rows out
+  // (otherwise the overflow fallback still reads K_t during P V: after the tile). This hook holds
+  // nothing but v_pending: holding more (the K loader) moved ptxas's register allocation of the
+  // two-buffer kernels, which do not use it (NVRTC 13, session 10).
   bool v_pending = FIRST_V_LATE;
   auto await_v = [&]() {
     if (v_pending) {
@@ -1114,17 +1120,17 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
-      // with f16 QK every tile's (issued after the tile before); with f32 QK, V_t goes out here,
-      // now that every warp is done with tile t - 1's P V, and lands during S = Q K^T (one
-      // barrier per tile fewer: H200, session 10, +0.3% to +1.3% at D=256; with f16 QK the later
-      // V cost 4%). V_t is awaited before P V.
-      if (spec::QK_F16_ACCUM || t == 0) {
+      // without K_FREE_BEFORE_PV every tile's (issued after the tile before); with it, V_t goes out
+      // here, now that every warp is done with tile t - 1's P V, and lands during S = Q K^T (one
+      // barrier per tile fewer: H200, session 10, +0.3% to +1.3% at D=256; with f16 QK, whose K
+      // then still loaded after the tile, the later V cost 4%). V_t is awaited before P V.
+      if (!K_FREE_BEFORE_PV || t == 0) {
         wait_copies<1>();
       } else {
         wait_copies<0>();
       }
       __syncthreads();
-      if constexpr (!spec::QK_F16_ACCUM) {
+      if constexpr (K_FREE_BEFORE_PV) {
         if (t > 0) load_v(t);
       }
       v_pending = true;
@@ -1175,6 +1181,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
               for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
         }
         await_v();
+        // One K/V buffer: every warp is past its reads of K_t (the V barrier), so tile t + 1's K
+        // rows load during P V.
+        if constexpr (SINGLE_BUFFER) load_k(t + 1);
         pv<KV_NT>(frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
       } else if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
@@ -1231,9 +1240,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       if (v_pending) {
         // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
         await_v();
-        if constexpr (!spec::QK_F16_ACCUM) load_k(t + 1);
+        if constexpr (K_FREE_BEFORE_PV) load_k(t + 1);
       }
-      if constexpr (spec::QK_F16_ACCUM) {
+      if constexpr (!K_FREE_BEFORE_PV) {
         // Every warp is done with V_t and K_t: tile t + 1's rows may overwrite them.
         __syncthreads();
         load_k(t + 1);
