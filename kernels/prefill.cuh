@@ -250,15 +250,24 @@ static_assert(!SINGLE_BUFFER || F32_PIECE == KV_SUB, "one K/V buffer: K_{t+1} lo
 // H200, session 16 runs 2-3 (ABBA, one call each), against f32 adds: non-causal s4096 / s1024
 // +2.0% / +2.2%, paged prefill (causal) +5.3%, ragged batch +1.3%; every other kernel measured
 // lost: ragged causal s4096 -6.8%, soft-cap -0.3% to -1.4%, f16 QK -1.6%, head dim 64 -2.1% to
-// -3.9% (the loops' schedules differ; not read in SASS).
-constexpr bool SUM_BY_MMA_WGMMA = WGMMA && !spec::QK_F16_ACCUM && spec::HEAD_DIM_VO == 128 &&
+// -3.9% (the loops' schedules differ; not read in SASS). Since session 25 only over a paged
+// cache: over ragged K/V the unmasked f16 kernels gain more from f32 adds with the exponents
+// after the rescale, as the bf16 ones have them (below; H200, session 25 run 2, ABBA in one call,
+// two rounds: non-causal s4096 +3.9%, s1024 +3.1%, s16384 +4.6%, 32/8 s8192 +5.9%, ragged batch
+// +4.4%), while the paged prefill moved -1.3% (causal) and +1.3% (non-causal), within that
+// shape's spread.
+// The class of kernels these choices are made for: f32 QK, head dim 128, no transform, unmasked
+// or over a paged cache, on wgmma.
+constexpr bool PLAIN_WGMMA_D128 = WGMMA && !spec::QK_F16_ACCUM && spec::HEAD_DIM_VO == 128 &&
                                   !VARIANT_HAS_TRANSFORM && (spec::MASK_KIND == MASK_NONE || spec::KV_PAGED);
+constexpr bool SUM_BY_MMA_WGMMA = PLAIN_WGMMA_D128 && spec::KV_PAGED;
 constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
                             (!DTypeTraits<DTypeIn>::IS_BF16 || spec::HEAD_DIM_VO <= 64) &&
                             (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 // Whether the softmax forms a sub-tile's exponents after the rescale branch of a full step
-// (OnlineSoftmax's EXP_AFTER_RESCALE): the two-warpgroup wgmma tiles that would take the row sums
-// by MMA were their inputs f16 (bf16 keeps f32 adds at head dim 128, above). With the exponents
+// (OnlineSoftmax's EXP_AFTER_RESCALE): the two-warpgroup wgmma tiles of PLAIN_WGMMA_D128 that add
+// their row sums in f32: with bf16 inputs all of them (bf16 keeps f32 adds at head dim 128,
+// above), with f16 inputs the ragged ones (session 25, above). With the exponents
 // before the branch, ptxas formed the first k16 block's p and packed them before it but sank
 // their f32 adds past it, so the block's floats and its packed A fragment were live across the
 // branch, and it serialized the wgmma products ("insufficient register resources"; the f16
@@ -266,7 +275,7 @@ constexpr bool SUM_BY_MMA = (MMA_Q >= 2 || SUM_BY_MMA_WGMMA) &&
 // sm_90a, the bf16 D=128 w8q1kv64g none_none, none_sinks (ragged, paged), causal_none and
 // causal_sinks (paged) kernels: serialized 6 -> 0, no spills. The same operations on the same
 // values in another order; every other kernel keeps its code.
-constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && SUM_BY_MMA_WGMMA && DTypeTraits<DTypeIn>::IS_BF16 &&
+constexpr bool SOFTMAX_EXP_AFTER_RESCALE = ACCUMULATOR_BOUND && PLAIN_WGMMA_D128 && !SUM_BY_MMA &&
                                            (spec::MASK_KIND == MASK_NONE || spec::MASK_KIND == MASK_CAUSAL);
 using Softmax = OnlineSoftmax<MMA_Q, SUM_BY_MMA, SOFTMAX_EXP_AFTER_RESCALE>;
 // Whether the epilogue reads the request's query length again (from the work list, by a load the
