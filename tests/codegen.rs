@@ -295,7 +295,7 @@ fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
 fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
     let d256 = HeadDims::equal(256).unwrap();
     for accum in [QkAccum::F16, QkAccum::F32] {
-        let ragged = TileConfig::row_tiles(d256, accum, KvCache::Ragged);
+        let ragged = TileConfig::row_tiles_on(d256, accum, KvCache::Ragged, Arch::Sm80);
         let paged = TileConfig::row_tiles(d256, accum, KvCache::Paged);
         assert_eq!(
             ragged.iter().map(|t| t.label()).collect::<Vec<_>>(),
@@ -308,6 +308,14 @@ fn head_dim_256_single_buffers_whole_64_key_tiles_over_ragged_rows_only() {
         // Both fit two CTAs per SM (at most 113 KB each on sm_90 and sm_80).
         assert_eq!(ragged[0].smem_bytes(d256), 96 * 1024);
         assert_eq!(paged[0].smem_bytes(d256), 96 * 1024);
+        // On sm_90a, two warpgroups of 64 rows with two buffers come first: one CTA per SM.
+        let hopper = TileConfig::row_tiles_on(d256, accum, KvCache::Ragged, Arch::Sm90a);
+        assert_eq!(
+            hopper.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["w8q1kv64g", "w4q1kv64b1g"]
+        );
+        assert_eq!(hopper[0].resident_ctas(d256, Arch::Sm90a), 1);
+        assert_eq!(hopper[1].resident_ctas(d256, Arch::Sm90a), 2);
     }
     // Every other head dim keeps two buffers everywhere.
     for dims in HeadDims::all().filter(|d| d.qk() != 256) {

@@ -144,7 +144,7 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
 
 impl KernelSpec {
     /// The spec that runs `problem` with K/V from `kv` and CTA tiling `tile` (the planner picks
-    /// it: `cuda::choose_tile`). Fails when the problem needs something the generator cannot emit (f32
+    /// it: `cuda::choose_tile_on`). Fails when the problem needs something the generator cannot emit (f32
     /// inputs, a custom variant without CUDA source, a one-buffer tile over a paged cache),
     /// saying what is supported.
     pub fn for_problem(

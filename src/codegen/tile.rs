@@ -194,7 +194,9 @@ impl TileConfig {
     /// run the softmax bookkeeping twice per tile (session 5 log in `docs/perf-notes.md`).
     /// Head dim 256 over ragged rows computes 64-key tiles with one K/V buffer (`w4q1kv64b1`,
     /// 96 KB, two CTAs per SM; double-buffered, a 64-key tile needs 160 KB and one CTA per SM);
-    /// over a paged cache it keeps double-buffered 32-key tiles (`w4q1kv32`).
+    /// over a paged cache it keeps double-buffered 32-key tiles (`w4q1kv32`). On sm_90a it also
+    /// has [`D256_TWO_WARPGROUPS`](Self::D256_TWO_WARPGROUPS), listed first, a wgmma tile with no
+    /// `mma.sync` original (which [`runs_on`](Self::runs_on) keeps to sm_90a).
     pub fn candidates(dims: HeadDims, qk_accum: QkAccum, kv: KvCache) -> Vec<TileConfig> {
         let tile = |mma_q, kv_tile, kv_sub, kv_stages| TileConfig {
             num_warps: 4,
@@ -209,12 +211,31 @@ impl TileConfig {
             (64, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
             (128, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
             (192, _, _) => vec![tile(1, 64, 32, 2)],
-            (_, _, KvCache::Ragged) => vec![tile(1, 64, 64, 1)],
+            (_, _, KvCache::Ragged) => vec![Self::D256_TWO_WARPGROUPS, tile(1, 64, 64, 1)],
             (_, _, KvCache::Paged) => vec![tile(1, 32, 32, 2)],
         };
         tiles.push(Self::key_split(dims));
         tiles
     }
+
+    /// Head dim 256 over ragged K/V on sm_90a: two warpgroups of 64 rows (`w8q1kv64g`, the head
+    /// dim 128 tile's structure) with two K/V buffers filled by TMA, about 197 KB of shared
+    /// memory, so one CTA per SM. Its `mma.sync` counterpart would be `w4q2kv64`, whose 32-row
+    /// warps would hold 256 output floats a thread, so it has none. H200, session 25 call 5
+    /// (forced with `bench --tile`, A B B A against `w4q1kv64b1g`, seq 4096, 32 heads): causal
+    /// +26% (497 -> 626 TFLOP/s), non-causal +27%, bf16 +27% / +29%, soft-cap 50 +19%, f16 QK
+    /// +18% / +20%; NVRTC 13, sm_90a: 203-255 registers, no spill, no serialized wgmma in any of
+    /// its 60 kernels. Planned since session 26, after a full verify (675/675) and the D=256 grid:
+    /// 2.05x FlashInfer FA2 and 1.05x cuDNN (geometric means; docs/benchmarks.md).
+    pub const D256_TWO_WARPGROUPS: TileConfig = TileConfig {
+        num_warps: 8,
+        mma_q: 1,
+        kv_tile: 64,
+        kv_sub: 64,
+        split_keys: false,
+        kv_stages: 2,
+        wgmma: true,
+    };
 
     /// The key-split tile for `dims`: 16 query rows shared by every warp, 16-key sub-tiles
     /// dealt round robin. Four warps over 64-key tiles, except for head dim 256, where two warps
@@ -234,7 +255,7 @@ impl TileConfig {
     }
 
     /// Resident CTAs per SM that every row tile is built for (its `__launch_bounds__` minimum,
-    /// where shared memory allows as many) and that the planner assumes (`cuda::choose_tile`,
+    /// where shared memory allows as many) and that the planner assumes (`cuda::choose_tile_on`,
     /// `cuda::split_slots`): past two, co-resident CTAs share the SM's tensor cores.
     pub const ROW_TILE_CTAS_PER_SM: u32 = 2;
 
@@ -283,11 +304,39 @@ impl TileConfig {
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
-    /// first; `cuda::choose_tile` picks one of them by simulating the block scheduler.
+    /// first.
     pub fn row_tiles(dims: HeadDims, qk_accum: QkAccum, kv: KvCache) -> Vec<TileConfig> {
         Self::candidates(dims, qk_accum, kv)
             .into_iter()
             .filter(|t| !t.split_keys)
             .collect()
+    }
+
+    /// The row tiles a kernel runs on `arch`: each of [`row_tiles`](Self::row_tiles) as
+    /// [`for_arch`](Self::for_arch) gives it, those that [`run on`](Self::runs_on) `arch`, widest
+    /// first; `cuda::choose_tile_on` picks one of them by simulating the block scheduler.
+    pub fn row_tiles_on(
+        dims: HeadDims,
+        qk_accum: QkAccum,
+        kv: KvCache,
+        arch: Arch,
+    ) -> Vec<TileConfig> {
+        let mut tiles: Vec<TileConfig> = Self::row_tiles(dims, qk_accum, kv)
+            .into_iter()
+            .map(|t| t.for_arch(arch, dims))
+            .filter(|t| t.runs_on(arch, dims))
+            .collect();
+        tiles.dedup();
+        tiles
+    }
+
+    /// CTAs of this row tile resident per SM on `arch` by shared memory (the tile's buffers, the
+    /// K/V base pointers, the wgmma alignment), at most
+    /// [`ROW_TILE_CTAS_PER_SM`](Self::ROW_TILE_CTAS_PER_SM). The planner counts it for wgmma
+    /// tiles (head dim 256's two warpgroups: one).
+    pub fn resident_ctas(self, dims: HeadDims, arch: Arch) -> u32 {
+        let smem = self.smem_bytes(dims) + self.threads() * CHUNK_BYTES;
+        arch.ctas_per_sm_by_shared_memory(smem)
+            .min(Self::ROW_TILE_CTAS_PER_SM)
     }
 }

@@ -32,5 +32,5 @@ pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
 pub use schedule::{
-    choose_kv_split, choose_tile, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
+    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
 };

@@ -151,40 +151,57 @@ pub fn choose_kv_split(
     best_split(problem, cta_q, kv_tile, slots, WIDEST_KEY_COST).1
 }
 
-/// The tile for `problem` over K/V from `kv` on a GPU with `sm_count` SMs: the key-split tile when the longest
-/// request's packed query rows fit in its rows (decode), else the row tile of
-/// [`TileConfig::row_tiles`] whose simulated finish (with its best KV split, as
+/// The tile for `problem` over K/V from `kv` on a GPU with `sm_count` SMs of architecture `arch`:
+/// the key-split tile when the longest request's packed query rows fit in its rows (decode), else
+/// the row tile of [`TileConfig::row_tiles_on`] whose simulated finish (with its best KV split, as
 /// [`choose_kv_split`] finds it) is the earliest; a tie keeps the wider tile.
 ///
 /// The narrower row tile computes fewer rows per key at a lower rate per row
 /// (0.85 of the wider tile's, measured), so it wins only where the wider tile leaves slots idle or
 /// one long tile ends the launch late: short causal prefills (seq 512 and 1024, where the last
-/// query tile sees every key) and prefills of fewer rows than the wider tile holds.
-pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> TileConfig {
+/// query tile sees every key) and prefills of fewer rows than the wider tile holds. A wgmma tile
+/// with one resident CTA per SM ([`TileConfig::resident_ctas`]: head dim 256's two warpgroups)
+/// has half the slots and the SM to itself: its cost per key is halved and divided by
+/// [`ONE_CTA_WIDE_TILE_RATE`].
+pub fn choose_tile_on(
+    problem: &AttentionProblem,
+    kv: KvCache,
+    sm_count: usize,
+    arch: Arch,
+) -> TileConfig {
     let dims = problem.head_dims;
     let max_packed_rows =
         problem.batch.lens().iter().map(|l| l.0).max().unwrap_or(0) * problem.group_size();
-    let key_split = TileConfig::key_split(dims);
+    let key_split = TileConfig::key_split(dims).for_arch(arch, dims);
     if max_packed_rows <= key_split.cta_q() as usize {
         return key_split;
     }
-    let rows = TileConfig::row_tiles(dims, problem.qk_accum, kv);
+    let rows = TileConfig::row_tiles_on(dims, problem.qk_accum, kv, arch);
     let widest = rows.iter().map(|t| t.cta_q()).max().unwrap_or(1) as f64;
-    let slots = sm_count * TileConfig::ROW_TILE_CTAS_PER_SM as usize;
     let mut best: Option<(u64, TileConfig)> = None;
     for tile in rows {
+        // Two CTAs per SM for the mma.sync tiles, as measured (on an H200); a wgmma tile as
+        // shared memory allows.
+        let resident = if tile.wgmma {
+            tile.resident_ctas(dims, arch)
+        } else {
+            TileConfig::ROW_TILE_CTAS_PER_SM
+        };
         let share = tile.cta_q() as f64 / widest;
         let efficiency = if share < 1.0 {
             NARROW_TILE_ROW_EFFICIENCY
+        } else if resident < TileConfig::ROW_TILE_CTAS_PER_SM {
+            ONE_CTA_WIDE_TILE_RATE
         } else {
             1.0
         };
-        let key_cost = (WIDEST_KEY_COST as f64 * share / efficiency).round() as u64;
+        let occupancy = resident as f64 / TileConfig::ROW_TILE_CTAS_PER_SM as f64;
+        let key_cost = (WIDEST_KEY_COST as f64 * share * occupancy / efficiency).round() as u64;
         let (finish, _) = best_split(
             problem,
             tile.cta_q() as usize,
             tile.kv_tile as usize,
-            slots,
+            sm_count * resident as usize,
             key_cost,
         );
         if best.is_none_or(|(f, _)| finish < f) {
@@ -194,30 +211,18 @@ pub fn choose_tile(problem: &AttentionProblem, kv: KvCache, sm_count: usize) -> 
     best.map_or(key_split, |(_, t)| t)
 }
 
-/// [`choose_tile`] on a GPU of architecture `arch`: on sm_90a, the chosen tile's wgmma twin
-/// ([`TileConfig::for_arch`]) where the kernel has one.
-pub fn choose_tile_on(
-    problem: &AttentionProblem,
-    kv: KvCache,
-    sm_count: usize,
-    arch: Arch,
-) -> TileConfig {
-    choose_tile(problem, kv, sm_count).for_arch(arch, problem.head_dims)
-}
-
 /// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
-/// over K/V from `kv`, on a GPU of architecture `arch` (its wgmma twin on sm_90a where it has
-/// one): the tile of long prefills, which the verify suite's widest-tile cases ask for.
+/// over K/V from `kv` that runs on a GPU of architecture `arch` ([`TileConfig::row_tiles_on`]):
+/// the tile of long prefills, which the verify suite's widest-tile cases ask for.
 pub fn widest_row_tile_on(
     dims: HeadDims,
     qk_accum: QkAccum,
     kv: KvCache,
     arch: Arch,
 ) -> Result<TileConfig, Error> {
-    TileConfig::row_tiles(dims, qk_accum, kv)
+    TileConfig::row_tiles_on(dims, qk_accum, kv, arch)
         .into_iter()
         .max_by_key(|t| t.cta_q())
-        .map(|t| t.for_arch(arch, dims))
         .ok_or_else(|| Error::Unsupported {
             backend: "cuda",
             what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
@@ -248,6 +253,17 @@ pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize
 /// seq 4096, session 4 run 3: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90);
 /// soft-cap and f16 QK 0.94, paged prefill 0.78 (docs/perf-notes.md).
 const NARROW_TILE_ROW_EFFICIENCY: f64 = 0.85;
+
+/// Rows per second per SM of a widest row tile with one resident CTA per SM against a widest tile
+/// of two (the unit of [`WIDEST_KEY_COST`]): head dim 256's two warpgroups on sm_90a (128 rows,
+/// one CTA) ran 1.26x the 64-row one-buffer tile (two CTAs) per SM on the H200 (session 25 call
+/// 5, seq 4096 causal and non-causal, f16 and bf16: 1.26x-1.29x), which the simulation rates at
+/// [`NARROW_TILE_ROW_EFFICIENCY`] of a two-CTA widest tile: 1.26 x 0.85. With it the planner takes
+/// that tile for every shape of the prefill list, seq 512 and up, and it was faster on each: H200,
+/// session 26 call 1 (A B B A against `--tile w4q1kv64b1g`, the 27 f16 D=256 shapes): +8.8% and
+/// +10.0% at seq 512 causal (32/8 and 32/32 heads), +14% to +16% at seq 512 non-causal, +15% to
+/// +22% at seq 1024, +21% to +40% from seq 2048 on.
+const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 
 /// The cost of one key for a CTA of the widest row tile, in the simulation's units
 /// (thousandths of a key).
@@ -445,8 +461,9 @@ mod tests {
     use crate::problem::RaggedBatch;
     use crate::DType;
 
-    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a), the one row
-    // tile of head dim 256 (a twin only over ragged K/V, whose tile has 64 keys).
+    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a); at head dim 256
+    // over ragged K/V two warpgroups of 64 rows on sm_90a, the one-buffer 64-row tile elsewhere;
+    // over a paged cache its one 32-key tile.
     #[test]
     fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
         let d = |n| HeadDims::new(n, n).expect("head dims");
@@ -458,7 +475,7 @@ mod tests {
         assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
         assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
         assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
-        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w4q1kv64b1g");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w8q1kv64g");
         assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
     }
 
@@ -644,10 +661,49 @@ mod tests {
         assert!(tiles.windows(2).all(|w| w[0] >= w[1]));
     }
 
+    // Head dim 256 over ragged K/V: sm_90a plans its two warpgroups of 64 rows (one CTA per SM)
+    // for long prefills (the shapes measured); sm_80 and sm_89 never plan a wgmma tile.
+    #[test]
+    fn head_dim_256_takes_two_warpgroups_on_sm90a_for_long_prefills() {
+        let tile = |lens: &[(usize, usize)], hq, hkv, mask, arch| {
+            let p = AttentionProblem::new(
+                RaggedBatch::from_lens(lens).unwrap(),
+                hq,
+                hkv,
+                HeadDims::equal(256).unwrap(),
+                DType::F16,
+            )
+            .with_mask(mask);
+            choose_tile_on(&p, KvCache::Ragged, 132, arch).label()
+        };
+        let sm90 = Arch::Sm90a;
+        assert_eq!(
+            tile(&[(4096, 4096)], 32, 32, Mask::Causal, sm90),
+            "w8q1kv64g"
+        );
+        assert_eq!(tile(&[(4096, 4096)], 32, 32, Mask::None, sm90), "w8q1kv64g");
+        assert_eq!(
+            tile(&[(8192, 8192)], 32, 8, Mask::Causal, sm90),
+            "w8q1kv64g"
+        );
+        assert_eq!(tile(&[(2048, 2048)], 32, 32, Mask::None, sm90), "w8q1kv64g");
+        for arch in [Arch::Sm80, Arch::Sm89] {
+            assert_eq!(
+                tile(&[(4096, 4096)], 32, 32, Mask::Causal, arch),
+                "w4q1kv64b1"
+            );
+        }
+    }
+
     #[test]
     fn short_causal_prefills_take_the_narrow_tile_and_long_ones_the_wide() {
         let tile = |lens: &[(usize, usize)], hq, hkv, mask| {
-            let t = choose_tile(&problem(lens, hq, hkv, mask), KvCache::Ragged, 132);
+            let t = choose_tile_on(
+                &problem(lens, hq, hkv, mask),
+                KvCache::Ragged,
+                132,
+                Arch::Sm80,
+            );
             (t.cta_q(), t.split_keys)
         };
         // The last 128-row tile of a causal seq-512 prefill sees every key while the 128 CTAs
