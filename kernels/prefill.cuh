@@ -217,6 +217,17 @@ constexpr bool F16_WARP_CHOICE = WGMMA && spec::QK_F16_ACCUM && F16_FLOAT_WHOLE_
 // With one K/V buffer, tile t + 1's K rows then load during tile t's P V, after the V barrier, and
 // its V rows during tile t + 1's S = Q K^T (two barriers per tile), rather than both after tile t.
 constexpr bool K_FREE_BEFORE_PV = !spec::QK_F16_ACCUM || F16_WARP_CHOICE;
+// Whether an F16_WARP_CHOICE kernel widens every sub-tile's accumulators first (its hot path
+// included; the overflow fallback inside widen_f16) and runs the f32-QK kernels' step on the
+// floats: both paths then meet before the softmax update rather than after it, so ptxas forms the
+// exponents and packs P between the P V products, as in the f32-QK kernels, rather than all
+// before the first. The hot path pays the f32 max (FMNMX) instead of the packed one. Head dim 256
+// only (its P V is as large as its S = Q K^T): H200, session 26 call 2 (ABBA, one call, two
+// rounds, against both paths meeting before P V): D=256 two warpgroups f16 QK causal +2.1%,
+// non-causal +1.8%; D=128 -1.8% causal s4096, -0.8% non-causal, -3.2% 32/8 s8192, +0.9% s8192,
+// soft-cap +0.0%; D=64 -5.3%. NVRTC 13, sm_90a: no spill, no serialized wgmma in any f16-QK
+// kernel with it.
+constexpr bool F16_WIDEN_FIRST = F16_WARP_CHOICE && spec::HEAD_DIM_VO == 256;
 // Whether the sub-tile loop computes the rows' coordinates (RowCoords) where the logits use them,
 // from a fresh read of the lane id (FreshRows), rather than holding the ones computed before the
 // loop through it, as the epilogue does (see the end of run_cta).
@@ -1169,7 +1180,23 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const u32_t stage = WGMMA ? warp_uniform(t % KV_STAGES) : t % KV_STAGES;
       const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES};
       const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
-      if constexpr (F16_WARP_CHOICE) {
+      // Waits for V_t before a P V; with one K/V buffer that barrier also frees K's buffer, so tile
+      // t + 1's K rows then load during P V (the f32-QK and widen-first steps: one piece with one
+      // buffer).
+      auto await_v_free_k = [&]() {
+        await_v();
+        if constexpr (SINGLE_BUFFER) load_k(t + 1);
+      };
+      if constexpr (F16_WIDEN_FIRST) {
+        // Every warp widens its accumulators (the overflow fallback included), then runs the
+        // f32-QK kernels' step on the floats: one P V after one update, as there.
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
+        float s[MMA_Q][KV_NT][4];
+        widen_f16(frag, k_sub.base, acc, 0, finite, s);
+        float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, frag, v_sub.base,
+                          softmax_scale, softmax, s, o, await_v_free_k);
+      } else if constexpr (F16_WARP_CHOICE) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
@@ -1230,18 +1257,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           } else {
             qk_f32(frag, k_piece, s);
           }
-          if constexpr (SINGLE_BUFFER) {
-            // The V barrier frees K's buffer: tile t + 1's K rows load during P V (one piece).
-            auto await_v_then_load_k = [&]() {
-              await_v();
-              load_k(t + 1);
-            };
-            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * F32_PIECE,
-                              lane, frag, v_piece, softmax_scale, softmax, s, o, await_v_then_load_k);
-          } else {
-            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * F32_PIECE,
-                              lane, frag, v_piece, softmax_scale, softmax, s, o, await_v);
-          }
+          float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * F32_PIECE, lane,
+                            frag, v_piece, softmax_scale, softmax, s, o, await_v_free_k);
         }
       }
     }
