@@ -1180,9 +1180,9 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const u32_t stage = WGMMA ? warp_uniform(t % KV_STAGES) : t % KV_STAGES;
       const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES};
       const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
-      // Waits for V_t before a P V; with one K/V buffer that barrier also frees K's buffer, so tile
-      // t + 1's K rows then load during P V (the f32-QK and widen-first steps: one piece with one
-      // buffer).
+      // Waits for V_t before a P V; with one K/V buffer that barrier also frees K's buffer (every
+      // warp is past its reads of K_t), so tile t + 1's K rows then load during P V: the steps of
+      // K_FREE_BEFORE_PV (f32 QK: one piece with one buffer; f16 QK with one P V).
       auto await_v_free_k = [&]() {
         await_v();
         if constexpr (SINGLE_BUFFER) load_k(t + 1);
@@ -1216,10 +1216,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
         }
-        await_v();
-        // One K/V buffer: every warp is past its reads of K_t (the V barrier), so tile t + 1's K
-        // rows load during P V.
-        if constexpr (SINGLE_BUFFER) load_k(t + 1);
+        await_v_free_k();
         pv<KV_NT>(frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
       } else if constexpr (spec::QK_F16_ACCUM) {
         u32_t acc[MMA_Q][KV_NT][2];
