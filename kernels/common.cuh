@@ -150,8 +150,11 @@ __device__ __forceinline__ float rcp_approx(float x) {
 }
 
 // cap * tanh(s / cap) for cap > 0 with a single MUFU operation (ex2); `exp2_scale` is
-// -2 * LOG2E / cap. tanh.approx.f32 is one MUFU operation too, but its relative error of 2^-11
-// would move logits by up to 0.02 at cap 50; an ex2 followed by rcp.approx costs two.
+// -2 * LOG2E / cap. tanh.approx.f32 is one MUFU operation too, but PTX bounds its relative error
+// only by 2^-11 (0.02 in the logit at cap 50; measured on the H200, 8e-6 absolute: 4e-4 at cap
+// 50), and a soft-cap built on it (Q scaled by sm_scale / cap, one MUFU.TANH per logit) ran 2-5%
+// slower than the forms here at cap 50: two MUFU per logit make the exponent unit the limit
+// (session 27, docs/perf-notes.md). An ex2 followed by rcp.approx costs two as well.
 // With u = exp(-2|s| / cap) in [0, 1]: cap * tanh(|s| / cap) = cap * (R - 1), R = 2 / (1 + u)
 // in [1, 2]. R comes from the FMA pipe instead of rcp: a cubic seed R0(u) (relative minimax
 // error 1.7e-3 over u in [0, 1]) and one third-order correction R = R0 (1 + e + e^2) with the
