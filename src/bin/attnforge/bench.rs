@@ -4,8 +4,12 @@
 //! cache, with the page table the resolved shape list gives the peers too). Each shape is first
 //! run once and compared with the exact reference on sampled rows: a wrong kernel is reported as
 //! `wrong` and makes the command fail, so a fast wrong kernel never becomes a result. Then CUDA
-//! events time `--runs` launches after `--warmup` launches, rotating among input copies when one
-//! set would sit in L2, and the median is reported.
+//! events time the launches, rotating among input copies when one set would sit in L2, and the
+//! median is reported. How many launches follows the peers' rule (`bench/peers.py`): after
+//! `--warmup` launches and 5 probe launches, enough to fill `--target-ms` of GPU time, at least
+//! `--runs` and at most `--max-runs`. Both sides then run about as long: under sustained load
+//! the GPU lowers its clock (an H200 from 1980 to about 1675 MHz within a second of the heaviest
+//! shapes, session 27), so a side timed over fewer launches would be timed at a higher clock.
 
 use crate::backend::parse_arch;
 use attnforge::codegen::TileConfig;
@@ -31,6 +35,9 @@ use std::process::ExitCode;
 const L2_BYTES: f64 = 60.0 * 1024.0 * 1024.0;
 /// Rows of each output compared with the reference before timing.
 const CHECK_ROWS: usize = 48;
+/// Launches timed together, after the warm-up, to estimate one launch's GPU time (the peers'
+/// PROBE_RUNS).
+const PROBE_RUNS: usize = 5;
 
 /// Which list of `bench/shapes.json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -70,11 +77,18 @@ pub struct BenchArgs {
     /// Write one JSON line per shape here.
     #[arg(long)]
     json_out: Option<PathBuf>,
-    /// Timed launches per shape (median reported).
+    /// Fewest timed launches per shape (the median is reported); more while they take less than
+    /// `--target-ms` of GPU time, up to `--max-runs` (the peers' rule).
     #[arg(long, default_value_t = 50)]
     runs: usize,
-    /// Untimed launches first.
-    #[arg(long, default_value_t = 10)]
+    /// Most timed launches per shape.
+    #[arg(long, default_value_t = 200)]
+    max_runs: usize,
+    /// GPU time the timed launches of a shape should fill, in milliseconds.
+    #[arg(long, default_value_t = 300.0)]
+    target_ms: f64,
+    /// Untimed launches first (then 5 more, timed together, estimate one launch's time).
+    #[arg(long, default_value_t = 5)]
     warmup: usize,
     /// Replace the planner's tile (e.g. `w4q2kv64`): for tuning.
     #[arg(long, value_parser = parse_tile)]
@@ -133,6 +147,10 @@ fn selected(args: &BenchArgs) -> Result<Vec<ResolvedShape>, Error> {
 }
 
 pub fn run(args: BenchArgs) -> ExitCode {
+    if let Err(e) = args.check_run_counts() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let shapes = match selected(&args) {
         Ok(s) => s,
         Err(e) => {
@@ -314,8 +332,9 @@ fn copies_for(shape: &ResolvedShape) -> usize {
     ((2.0 * L2_BYTES / shape.bytes).ceil() as usize).clamp(1, 16)
 }
 
-/// Warm-up, then `args.runs` timed launches (`launch(i)` runs with input copy `i`), each between
-/// two CUDA events; the median goes into `line`.
+/// Warm-up, a probe of one launch's time, then [`BenchArgs::timed_runs`] timed launches
+/// (`launch(i)` runs with input copy `i`), each between two CUDA events; the median goes into
+/// `line`.
 fn time_runs(
     engine: &Engine,
     shape: &ResolvedShape,
@@ -327,10 +346,27 @@ fn time_runs(
     for i in 0..args.warmup {
         launch(i)?;
     }
+    let record = || {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda("event"))
+    };
+    let probe_start = record()?;
+    for i in 0..PROBE_RUNS {
+        launch(args.warmup + i)?;
+    }
+    let probe_end = record()?;
+    engine.synchronize()?;
+    let probe_ms = f64::from(
+        probe_start
+            .elapsed_ms(&probe_end)
+            .map_err(cuda("event timing"))?,
+    ) / PROBE_RUNS as f64;
+    let runs = args.timed_runs(probe_ms);
     // Every run is enqueued before any is waited for, so the GPU never idles between runs
     // waiting for the host's next launch (that gap would count in short kernels' times).
-    let mut events = Vec::with_capacity(args.runs);
-    for i in 0..args.runs {
+    let mut events = Vec::with_capacity(runs);
+    for i in 0..runs {
         let start = stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(cuda("event"))?;
@@ -341,7 +377,7 @@ fn time_runs(
         events.push((start, end));
     }
     engine.synchronize()?;
-    let mut times = Vec::with_capacity(args.runs);
+    let mut times = Vec::with_capacity(runs);
     for (start, end) in &events {
         times.push(start.elapsed_ms(end).map_err(cuda("event timing"))? as f64);
     }
@@ -427,6 +463,33 @@ fn measure_paged(
 }
 
 impl BenchArgs {
+    /// Refuses run counts the timing cannot use.
+    fn check_run_counts(&self) -> Result<(), String> {
+        if self.runs == 0 {
+            return Err("--runs must be at least 1".into());
+        }
+        if self.max_runs < self.runs {
+            return Err(format!(
+                "--max-runs {} is below --runs {}",
+                self.max_runs, self.runs
+            ));
+        }
+        if !(self.target_ms.is_finite() && self.target_ms > 0.0) {
+            return Err(format!(
+                "--target-ms must be a positive number of milliseconds, got {}",
+                self.target_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// Timed launches for a shape whose launch took `probe_ms` of GPU time: enough to fill
+    /// `--target-ms`, within `--runs..=--max-runs`.
+    fn timed_runs(&self, probe_ms: f64) -> usize {
+        let wanted = (self.target_ms / probe_ms.max(1e-3)).ceil();
+        (wanted.min(self.max_runs as f64) as usize).clamp(self.runs, self.max_runs)
+    }
+
     fn plan_options(&self) -> PlanOptions {
         PlanOptions {
             tile: self.tile,
@@ -459,5 +522,45 @@ fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
             call: call.into(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(extra: &[&str]) -> BenchArgs {
+        Cli::parse_from(std::iter::once("bench").chain(extra.iter().copied())).bench
+    }
+
+    #[test]
+    fn timed_launches_fill_the_target_within_the_limits() {
+        let a = args(&[]);
+        assert_eq!(a.timed_runs(1.6), 188, "300 ms of 1.6 ms launches");
+        assert_eq!(a.timed_runs(10.0), 50, "never fewer than --runs");
+        assert_eq!(a.timed_runs(0.01), 200, "never more than --max-runs");
+        assert_eq!(a.timed_runs(0.0), 200, "a probe that measured nothing");
+        assert_eq!(a.timed_runs(f64::NAN), 200, "nor a NaN probe");
+        let b = args(&["--runs", "5", "--max-runs", "1000", "--target-ms", "40"]);
+        assert_eq!(b.timed_runs(1.0), 40);
+    }
+
+    #[test]
+    fn run_counts_the_timing_cannot_use_are_refused() {
+        assert!(args(&[]).check_run_counts().is_ok());
+        assert!(args(&["--runs", "0"]).check_run_counts().is_err());
+        assert!(args(&["--runs", "300"]).check_run_counts().is_err());
+        assert!(args(&["--runs", "300", "--max-runs", "300"])
+            .check_run_counts()
+            .is_ok());
+        assert!(args(&["--target-ms", "0"]).check_run_counts().is_err());
+        assert!(args(&["--target-ms", "inf"]).check_run_counts().is_err());
     }
 }
