@@ -367,13 +367,9 @@ fn time_runs(
     // waiting for the host's next launch (that gap would count in short kernels' times).
     let mut events = Vec::with_capacity(runs);
     for i in 0..runs {
-        let start = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda("event"))?;
+        let start = record()?;
         launch(i)?;
-        let end = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda("event"))?;
+        let end = record()?;
         events.push((start, end));
     }
     engine.synchronize()?;
@@ -486,8 +482,9 @@ impl BenchArgs {
     /// Timed launches for a shape whose launch took `probe_ms` of GPU time: enough to fill
     /// `--target-ms`, within `--runs..=--max-runs`.
     fn timed_runs(&self, probe_ms: f64) -> usize {
-        let wanted = (self.target_ms / probe_ms.max(1e-3)).ceil();
-        (wanted.min(self.max_runs as f64) as usize).clamp(self.runs, self.max_runs)
+        // A float past usize's range converts to usize::MAX, which the clamp brings down.
+        let wanted = (self.target_ms / probe_ms.max(1e-3)).ceil() as usize;
+        wanted.clamp(self.runs, self.max_runs)
     }
 
     fn plan_options(&self) -> PlanOptions {
