@@ -179,7 +179,7 @@ impl PrefillPolicy {
             t.wgmma && t.mma_q == 1 && !heavy_logits && !has_vmask && (!has_transform || has_small);
         let f16_float_piece = if f16_float_whole_sub {
             t.kv_sub
-        } else if t.kv_sub % 32 == 0 && !(heavy_logits && !t.wgmma) {
+        } else if t.kv_sub % 32 == 0 && (t.wgmma || !heavy_logits) {
             32
         } else {
             16
