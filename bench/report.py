@@ -60,6 +60,10 @@ PAGED_GROUPS = [("Batch decode", True, "tbps", []),
 DEVICE_COPY_TBPS = 4.3  # device-to-device copy measured on the H200 (shared/peers/README.md)
 DEVICE_COPY_LABEL = "device copy bandwidth (measured)"
 PAGED_Y_HEADROOM = 1.15  # room above the highest bar or the copy line for its label
+# A paged shape's page table (thousands of page ids): left out of the merged JSON, which keeps the
+# shape's lengths, page size and page count; `attnforge bench --suite paged --print-shapes` gives
+# the table again.
+PAGE_TABLE_FIELDS = ("kv_page_indptr", "kv_page_indices", "kv_last_page_len")
 DOC_COMMAND = "python3 bench/report.py --doc docs/benchmarks.md docs/results/*.json"
 PANEL_COLUMNS = 3
 PANEL_SIZE_IN = (5.0, 3.6)
@@ -120,7 +124,7 @@ def build_merged(args):
     stray = sorted({name for name, _ in results if name not in known})
     merged_shapes = []
     for s in shapes:
-        entry = dict(s)
+        entry = {k: v for k, v in s.items() if k not in PAGE_TABLE_FIELDS}
         entry["results"] = {i: results[(s["name"], i)] for i in impls if (s["name"], i) in results}
         merged_shapes.append(entry)
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -414,10 +418,13 @@ def markdown_section(merged, plot_link, json_link):
                    f"K and V read once, O written once) over the median time; the "
                    f"device-to-device copy reaches about {DEVICE_COPY_TBPS:g} TB/s on this GPU. "
                    "Batch paged prefill is bound by compute: TFLOP/s = the shape's `flops` over "
-                   "the median time, and its ratios are of TFLOP/s; its TB/s is shown beside. "
-                   "Decode shapes (every query length 1) run FlashInfer's decode wrapper without "
-                   "and with tensor cores; the others its FA2 paged prefill wrapper. torch SDPA "
-                   "has no paged KV cache.")
+                   "the median time, and its ratios are of TFLOP/s; its TB/s is shown beside.")
+        if len(merged["impls"]) > 1:
+            out[-1] += (" Decode shapes (every query length 1) run FlashInfer's decode wrapper "
+                        "without and with tensor cores; the others its FA2 paged prefill "
+                        "wrapper. torch SDPA has no paged KV cache.")
+    if merged["impls"] == [OURS]:
+        out.append("- Peers: none in this run (attnforge alone).")
     if json_link:
         out.append(f"- Raw results: [`{json_link}`]({json_link})")
     out += ["", *rows, ""]
