@@ -13,7 +13,7 @@ Input: the RESOLVED shape list printed by `attnforge bench [--suite paged] --pri
 list of shape objects with `flops` and `bytes` added; paged shapes also carry the page table).
 FLOP and byte counts are taken from that file, never recomputed here, so both sides share one
 formula. Output: one JSON line per (shape, impl that applies to it) in the benchmark data contract
-(docs/gpu-workflow.md), plus a short table on stdout.
+(docs/benchmarking.md), plus a short table on stdout.
 
 Method, per (shape, impl):
   1. A peer that cannot run the shape is reported, never skipped: "missing: why" when the feature
