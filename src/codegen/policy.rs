@@ -35,7 +35,10 @@ macro_rules! policies {
                 vec![$((
                     $constant,
                     self.$field.to_string(),
-                    [$($doc),+].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),
+                    {
+                        let why = [$($doc),+].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+                        if stringify!($($class)?) == "class" { format!("(a class, not rendered) {why}") } else { why }
+                    },
                 ),)+]
             }
 
