@@ -95,7 +95,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // before the first copy that reads them).
   const LoopBounds bounds{m, tok_lo, tok_hi, SharedBounds{tma_bars + TMA_BARRIER_BYTES}};
   if constexpr (policy::BOUNDS_IN_SHARED) bounds.shared.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
-  KvPipeline kv{p,      m,        bounds, kv_lo,  num_tiles, kv_start, tile.kv_head,         k_base,
+  KvPipeline kv{p,      m.kv_len,        bounds, kv_lo,  num_tiles, kv_start, tile.kv_head,         k_base,
                 v_base, ids_base, tma_bars, k_rows, v_rows,    kv_src,   policy::TMA_KV && p.kv_tma != 0,
                 policy::FIRST_V_LATE};
 

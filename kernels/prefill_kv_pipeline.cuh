@@ -104,7 +104,7 @@ __device__ __forceinline__ void prescale_q(const QTile& q, unsigned char* q_byte
 // them. Tile t covers keys kv_lo + t * KV_TILE.. of the request; num_tiles tiles in all.
 struct KvPipeline {
   const PrefillParams& p;
-  const RequestMaskContext& m;
+  int kv_len;  // the request's KV length, in registers
   const LoopBounds& bounds;
   int kv_lo, num_tiles, kv_start, kv_head;
   u32_t k_base, v_base, ids_base, tma_bars;
@@ -122,7 +122,7 @@ struct KvPipeline {
   // policy::TMA_KV: whether the tile at keys k0.. comes by the accelerator (whole tiles only), and
   // the mbarrier of buffer t % 2, which completes when tile t's boxes have landed (its (t / 2)-th
   // use: the phase parity tile t waits for).
-  __device__ __forceinline__ bool tma_tile(int k0) const { return kv_tma && m.kv_len - k0 >= KV_TILE; }
+  __device__ __forceinline__ bool tma_tile(int k0) const { return kv_tma && kv_len - k0 >= KV_TILE; }
   __device__ __forceinline__ u32_t tma_bar(int t) const { return tma_bars + static_cast<u32_t>(t % 2) * 8; }
 
   // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
@@ -176,11 +176,11 @@ struct KvPipeline {
     if (tile0_tma) {
       if (threadIdx.x == 0) issue_tma(0, kv_lo);
     } else {
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, kv_len - kv_lo);
       stage_next_page_ids(0);
     }
     cp_async_commit();
-    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
+    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, kv_len - kv_lo);
     cp_async_commit();
     if constexpr (spec::QK_F16_ACCUM) {
       wait_copies<1>();
@@ -210,14 +210,14 @@ struct KvPipeline {
   __device__ __forceinline__ void load_k(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, kv_len - k0);
     }
     cp_async_commit();
   }
   __device__ __forceinline__ void load_v(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, kv_len - k0);
     }
     cp_async_commit();
   }
