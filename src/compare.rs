@@ -113,7 +113,7 @@ impl Tolerance {
     }
 
     /// The looser of the tolerances of the problem's input and output dtypes; with f16 QK
-    /// accumulation the LSE's widened by [`F16_ACCUM_LSE_SLACK`] (the hardware's rounding differs
+    /// accumulation the LSE's widened by `F16_ACCUM_LSE_SLACK` (the hardware's rounding differs
     /// from the reference's model by up to 2 ulp of f16, rarely).
     pub fn for_problem(p: &AttentionProblem) -> Tolerance {
         let (a, b) = (

@@ -5,14 +5,14 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::{plan_arch, PlanOptions};
-use super::schedule::{choose_tile_on, widest_row_tile_on, SplitChoice};
+use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::{Arch, CompileOptions};
 use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
-use crate::problem::{AttentionProblem, InvalidProblem};
+use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
 use crate::verify::Backend;
@@ -326,4 +326,46 @@ fn interleave(shape: MergeShape, states: &[(HostTensor, Vec<f32>)]) -> (HostTens
         HostTensor::from_f32(dtype, &o),
         HostTensor::from_f32(DType::F32, &lse),
     )
+}
+
+/// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
+/// over K/V from `kv` that runs on a GPU of architecture `arch` ([`TileConfig::row_tiles_on`]):
+/// the tile of long prefills, which the verify suite's widest-tile cases ask for.
+fn widest_row_tile_on(
+    dims: HeadDims,
+    qk_accum: QkAccum,
+    kv: KvCache,
+    arch: Arch,
+) -> Result<TileConfig, Error> {
+    TileConfig::row_tiles_on(dims, qk_accum, kv, arch)
+        .into_iter()
+        .max_by_key(|t| t.cta_q())
+        .ok_or_else(|| Error::Unsupported {
+            backend: "cuda",
+            what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
+            supported: "head dims with one".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a); at head dim 256
+    // over ragged K/V two warpgroups of 64 rows on sm_90a, the one-buffer 64-row tile elsewhere;
+    // over a paged cache its one 32-key tile.
+    #[test]
+    fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
+        let d = |n| HeadDims::new(n, n).expect("head dims");
+        let label = |dims, kv, arch| {
+            widest_row_tile_on(dims, QkAccum::F32, kv, arch)
+                .expect("a row tile")
+                .label()
+        };
+        assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
+        assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w8q1kv64g");
+        assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
+    }
 }

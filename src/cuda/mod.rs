@@ -6,6 +6,7 @@
 //! device. The GPU reference kernel's entry point is [`Engine::reference_attention`].
 
 mod append;
+#[cfg(feature = "harness")]
 mod backend;
 mod buffers;
 mod device;
@@ -22,6 +23,7 @@ mod schedule;
 mod tma;
 
 pub use append::DevicePagedKvMut;
+#[cfg(feature = "harness")]
 pub use backend::CudaBackend;
 pub use buffers::DeviceTensor;
 pub use device::{driver_present, DeviceInfo};
@@ -31,6 +33,4 @@ pub use merge::DeviceState;
 pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
-pub use schedule::{
-    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
-};
+pub use schedule::{KvSplit, SplitChoice};

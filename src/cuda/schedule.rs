@@ -11,15 +11,14 @@
 
 use crate::codegen::{KvCache, TileConfig};
 use crate::jit::Arch;
-use crate::problem::{AttentionProblem, HeadDims, Mask, QkAccum};
-use crate::Error;
+use crate::problem::{AttentionProblem, Mask};
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
 /// then the request's span: first query token, query length, first key row, key length (what
 /// `qo_indptr` and `kv_indptr` hold for it). The kernel reads the two halves as two `int4`s,
 /// side by side, so its first loads do not wait for the request index (they read the indptrs
 /// after the item before).
-pub type WorkItem = [i32; 8];
+pub(crate) type WorkItem = [i32; 8];
 
 /// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
 /// share of the merge).
@@ -61,7 +60,7 @@ impl SplitChoice {
     /// The split of a problem whose longest request has `max_kv` keys under this choice, given
     /// the planner's own choice `planned` and the kernel's KV tile; an error names a chunk that
     /// is not a positive multiple of the tile.
-    pub fn resolve(
+    pub(crate) fn resolve(
         self,
         planned: Option<KvSplit>,
         max_kv: usize,
@@ -142,7 +141,7 @@ const PARTIAL_KEYS_PER_ROW: usize = 1;
 /// single long request splits, many short ones do not, a batch that fills 1.3 waves splits so
 /// that the last wave is not mostly idle, and a prefill whose tiles nearly fill one wave is left
 /// whole (its partial results would cost more than the idle slots).
-pub fn choose_kv_split(
+pub(crate) fn choose_kv_split(
     problem: &AttentionProblem,
     cta_q: usize,
     kv_tile: usize,
@@ -163,7 +162,7 @@ pub fn choose_kv_split(
 /// with one resident CTA per SM ([`TileConfig::resident_ctas`]: head dim 256's two warpgroups)
 /// has half the slots and the SM to itself: its cost per key is halved and divided by
 /// [`ONE_CTA_WIDE_TILE_RATE`].
-pub fn choose_tile_on(
+pub(crate) fn choose_tile_on(
     problem: &AttentionProblem,
     kv: KvCache,
     sm_count: usize,
@@ -211,25 +210,6 @@ pub fn choose_tile_on(
     best.map_or(key_split, |(_, t)| t)
 }
 
-/// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
-/// over K/V from `kv` that runs on a GPU of architecture `arch` ([`TileConfig::row_tiles_on`]):
-/// the tile of long prefills, which the verify suite's widest-tile cases ask for.
-pub fn widest_row_tile_on(
-    dims: HeadDims,
-    qk_accum: QkAccum,
-    kv: KvCache,
-    arch: Arch,
-) -> Result<TileConfig, Error> {
-    TileConfig::row_tiles_on(dims, qk_accum, kv, arch)
-        .into_iter()
-        .max_by_key(|t| t.cta_q())
-        .ok_or_else(|| Error::Unsupported {
-            backend: "cuda",
-            what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
-            supported: "head dims with one".into(),
-        })
-}
-
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
 /// `ctas_per_sm` of whose CTAs fit on each of `sm_count` SMs: every resident CTA for the
 /// key-split tile (decode: memory-bound, each CTA adds loads in flight), at most
@@ -239,7 +219,7 @@ pub fn widest_row_tile_on(
 /// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
 /// run 3: the D=64 64-row tile (4 to 5 CTAs per SM) was split in two at seq 512 and 1024 and ran
 /// at 47 and 99 TFLOP/s (causal), against 70 and 146 for the 128-row tile unsplit.
-pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
+pub(crate) fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
     let per_sm = if tile.split_keys {
         ctas_per_sm
     } else {
@@ -443,7 +423,7 @@ fn l2_sections(problem: &AttentionProblem, cta_q: usize, items: usize, slots: us
 /// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`) in
 /// launch order for `slots` resident CTAs: longest first within each L2 section of (request,
 /// KV head) pairs, equal costs head by head.
-pub fn prefill_work(
+pub(crate) fn prefill_work(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
@@ -458,26 +438,8 @@ pub fn prefill_work(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::RaggedBatch;
+    use crate::problem::{HeadDims, RaggedBatch};
     use crate::DType;
-
-    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a); at head dim 256
-    // over ragged K/V two warpgroups of 64 rows on sm_90a, the one-buffer 64-row tile elsewhere;
-    // over a paged cache its one 32-key tile.
-    #[test]
-    fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
-        let d = |n| HeadDims::new(n, n).expect("head dims");
-        let label = |dims, kv, arch| {
-            widest_row_tile_on(dims, QkAccum::F32, kv, arch)
-                .expect("a row tile")
-                .label()
-        };
-        assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
-        assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
-        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
-        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w8q1kv64g");
-        assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
-    }
 
     #[test]
     fn split_choice_overrides_the_planner_and_checks_the_chunk() {
