@@ -3,6 +3,7 @@
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
+use super::error::CudaError;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::{plan_arch, PlanOptions};
 use super::schedule::{choose_tile_on, SplitChoice};
@@ -15,9 +16,10 @@ use crate::paged::{PagedAttention, PagedKv};
 use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
-use crate::verify::Backend;
+use crate::verify::{run_case, Backend, CaseResult, Oracle, SELF_CHECK};
 use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// Runs each problem through [`Engine::prefill_host_with_options`] (outputs poisoned with NaN
 /// first).
@@ -119,9 +121,57 @@ impl CudaBackend {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+
+    /// Asks for a NaN buffer of as many f16 elements as the GPU has bytes (twice its memory):
+    /// `Ok` with the error's message when it is refused with [`CudaError::OutOfMemory`] naming
+    /// that size, else what happened instead.
+    fn refuses_oversized_buffer(&self) -> Result<String, String> {
+        let (_, total) = self
+            .engine
+            .context()
+            .mem_get_info()
+            .map_err(|e| format!("cuMemGetInfo failed: {e}"))?;
+        let bytes = total * DType::F16.size_bytes();
+        match DeviceTensor::nan(self.engine.stream(), DType::F16, total) {
+            Ok(_) => Err(format!(
+                "a buffer of {bytes} bytes was allocated on a GPU of {total} bytes"
+            )),
+            Err(e @ CudaError::OutOfMemory { requested, .. }) if requested == bytes => {
+                Ok(e.to_string())
+            }
+            Err(e) => Err(format!(
+                "a buffer of {bytes} bytes: expected an out-of-memory error, got: {e}"
+            )),
+        }
+    }
 }
 
 impl Backend for CudaBackend {
+    /// A buffer beyond the GPU's memory is refused with an error, and the engine stays usable:
+    /// `small` then runs and passes.
+    fn self_checks(&self, small: &Case) -> Vec<CaseResult> {
+        let name = format!("{SELF_CHECK}out-of-memory, then {}", small.name);
+        let result = match self.refuses_oversized_buffer() {
+            Ok(message) => {
+                let mut result = run_case(self, small);
+                result.name = name;
+                result
+                    .also
+                    .insert(0, ("the oversized buffer".into(), Err(message), true));
+                result
+            }
+            Err(why) => CaseResult {
+                name,
+                outcome: Err(why),
+                passed: false,
+                oracle: Oracle::Exact,
+                also: Vec::new(),
+                backend_time: Duration::ZERO,
+            },
+        };
+        vec![result]
+    }
+
     fn name(&self) -> &'static str {
         "cuda"
     }

@@ -13,6 +13,7 @@ mod device;
 mod engine;
 mod error;
 mod launch;
+mod memory;
 mod merge;
 mod paged;
 mod plan;
