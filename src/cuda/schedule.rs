@@ -216,9 +216,10 @@ pub(crate) fn choose_tile_on(
 /// [`TileConfig::ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
 /// processor of its own at a fixed cost per key, which holds for two row-tile CTAs per SM (the
 /// measurements behind the costs); past that, co-resident CTAs share the SM's tensor cores, and a
-/// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
-/// run 3: the D=64 64-row tile (4 to 5 CTAs per SM) was split in two at seq 512 and 1024 and ran
-/// at 47 and 99 TFLOP/s (causal), against 70 and 146 for the 128-row tile unsplit.
+/// split that fills the extra slots adds partial results and a merge for no gain: measured on an
+/// H200, the D=64 64-row tile (4 to 5 CTAs per SM) split in two ran seq 512 and 1024 causal at 47
+/// and 99 TFLOP/s against 70 and 146 for the 128-row tile unsplit (`attnforge bench --all
+/// --filter f16-d64-h32/32-s512-causal --tile w4q1kv64 --split 256` against the default plan).
 pub(crate) fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
     let per_sm = if tile.split_keys {
         ctas_per_sm
@@ -229,20 +230,21 @@ pub(crate) fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -
 }
 
 /// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
-/// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle: H200, f16, D=128,
-/// seq 4096, session 4 run 3: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90);
-/// soft-cap and f16 QK 0.94, paged prefill 0.78 (docs/perf-notes.md).
+/// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle. Measured on an H200,
+/// f16, D=128, seq 4096: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90); soft-cap
+/// and f16 QK 0.94, paged prefill 0.78 (`attnforge bench --filter d128 --tile w4q1kv64` against
+/// `--tile w4q2kv64s32`).
 const NARROW_TILE_ROW_EFFICIENCY: f64 = 0.85;
 
 /// Rows per second per SM of a widest row tile with one resident CTA per SM against a widest tile
 /// of two (the unit of [`WIDEST_KEY_COST`]): head dim 256's two warpgroups on sm_90a (128 rows,
-/// one CTA) ran 1.26x the 64-row one-buffer tile (two CTAs) per SM on the H200 (session 25 call
-/// 5, seq 4096 causal and non-causal, f16 and bf16: 1.26x-1.29x), which the simulation rates at
+/// one CTA) ran 1.26x to 1.29x the 64-row one-buffer tile (two CTAs) per SM on an H200 (seq 4096
+/// causal and non-causal, f16 and bf16), which the simulation rates at
 /// [`NARROW_TILE_ROW_EFFICIENCY`] of a two-CTA widest tile: 1.26 x 0.85. With it the planner takes
-/// that tile for every shape of the prefill list, seq 512 and up, and it was faster on each: H200,
-/// session 26 call 1 (A B B A against `--tile w4q1kv64b1g`, the 27 f16 D=256 shapes): +8.8% and
-/// +10.0% at seq 512 causal (32/8 and 32/32 heads), +14% to +16% at seq 512 non-causal, +15% to
-/// +22% at seq 1024, +21% to +40% from seq 2048 on.
+/// that tile for every shape of the prefill list, seq 512 and up, and it was faster on each of
+/// the 27 f16 D=256 shapes against `--tile w4q1kv64b1g` on an H200: +8.8% to +16% at seq 512,
+/// +15% to +22% at seq 1024, +21% to +40% from seq 2048 on (`attnforge bench --all --filter
+/// f16-d256`, with and without `--tile w4q1kv64b1g`).
 const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 
 /// The cost of one key for a CTA of the widest row tile, in the simulation's units
@@ -387,7 +389,8 @@ fn item_costs(
 /// Every query tile of a pair reads the pair's K/V. Ordered longest first across the whole
 /// batch, the resident CTAs of a causal prefill span every pair (the same tile index of each),
 /// and when the K/V read by more than one tile exceeds [`L2_SHARE_BYTES`] each CTA fetches its
-/// K/V from DRAM (session 5: a paged prefill of 16 requests read 9.7 GB for 0.6 GB of data).
+/// K/V from DRAM (measured on an H200: a paged prefill of 16 requests read 9.7 GB for 0.6 GB of
+/// data; `attnforge bench --suite paged` shows the effect).
 /// Consecutive pairs are then cut into sections of about that many bytes, each ordered longest
 /// first on its own; at least a wave of CTAs (`slots`) per section, so that each section's long
 /// tiles still start early. All zeros (one section) when the reused K/V fits, as in decode,
@@ -480,7 +483,8 @@ mod tests {
     #[test]
     fn equal_costs_go_head_by_head_and_longer_items_first() {
         // Non-causal: every item costs the same; one head's query tiles come before the next
-        // head's (session 5 run 2: +5% at seq 8192 and 16384 against tile by tile).
+        // head's (+5% at seq 8192 and 16384 against tile by tile on an H200, `attnforge bench
+        // --all --filter noncausal`).
         let p = problem(&[(1024, 1024)], 4, 4, Mask::None);
         let work = prefill_work(&p, 128, None, 264);
         let order: Vec<(i32, i32)> = work.iter().map(|w| (w[2], w[1])).collect();
@@ -624,8 +628,8 @@ mod tests {
     }
 
     // Head dim 256 over ragged K/V: sm_90a plans its two warpgroups of 64 rows (one CTA per SM)
-    // from seq 512 on (measured faster on every f16 shape, session 26); sm_80 and sm_89 never plan
-    // a wgmma tile.
+    // from seq 512 on (measured faster on every f16 shape; see `ONE_CTA_WIDE_TILE_RATE`); sm_80
+    // and sm_89 never plan a wgmma tile.
     #[test]
     fn head_dim_256_takes_two_warpgroups_on_sm90a_from_seq_512() {
         let tile = |lens: &[(usize, usize)], hq, hkv, mask, arch| {
