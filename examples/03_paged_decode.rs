@@ -9,16 +9,27 @@ mod common;
 
 use attnforge::cuda::{DevicePagedKv, DevicePagedKvMut, DeviceTensor, Engine, PagedPlan};
 use attnforge::paged::{KvOrder, KvStorage, PageTable, PagedAttention, PagedKvLayout};
-use attnforge::{reference, AttentionOutput, DType, HeadDims};
+use attnforge::reference::{self, ReferenceOutput};
+use attnforge::{AttentionOutput, DType, HeadDims, HostTensor};
 use common::Outcome;
 use std::process::ExitCode;
 
-fn main() -> ExitCode {
-    common::with_gpu(run)
+/// The paged problem, its inputs (Q and the new tokens' K/V, contiguous) and its exact result.
+struct Decode {
+    paged: PagedAttention,
+    inputs: (HostTensor, HostTensor, HostTensor),
+    want: ReferenceOutput,
 }
 
-fn run(engine: &Engine) -> Outcome {
-    let stream = engine.stream().clone();
+fn main() -> ExitCode {
+    match decode() {
+        Ok(d) => common::with_gpu(|engine| run(engine, &d)),
+        Err(e) => common::report(Err(e)),
+    }
+}
+
+/// The host side: the cache's layout and page table, the problem, the inputs, the reference.
+fn decode() -> Result<Decode, Box<dyn std::error::Error>> {
     // 8 requests, each decoding one token over its cached tokens; pages of 16 tokens, 32/8 heads.
     let kv_lens = [1000, 17, 512, 1, 300, 64, 999, 250];
     let layout = PagedKvLayout {
@@ -37,9 +48,21 @@ fn run(engine: &Engine) -> Outcome {
     let table = PageTable::from_kv_lens(&kv_lens, layout.page_size, &pages)?;
     let qo_indptr: Vec<i32> = (0..=kv_lens.len() as i32).collect();
     let problem = PagedAttention::problem_for(qo_indptr, 32, &layout, &table)?;
-    let paged = PagedAttention::new(problem, layout, table.clone())?;
-    let p = paged.problem();
-    let plan = PagedPlan::new(engine, &paged)?;
+    let (q, k, v) = common::inputs(&problem, 3);
+    // The paged problem is the ragged problem over the same tokens.
+    let want = reference::attention(&problem, &q, &k, &v)?;
+    Ok(Decode {
+        paged: PagedAttention::new(problem, layout, table)?,
+        inputs: (q, k, v),
+        want,
+    })
+}
+
+fn run(engine: &Engine, d: &Decode) -> Outcome {
+    let stream = engine.stream().clone();
+    let (paged, (q, k, v)) = (&d.paged, &d.inputs);
+    let (p, layout, table) = (paged.problem(), paged.layout(), paged.table());
+    let plan = PagedPlan::new(engine, paged)?;
     println!(
         "plan: kernel {}, {} CTAs, KV split {:?}",
         plan.spec().name(),
@@ -51,16 +74,15 @@ fn run(engine: &Engine) -> Outcome {
     // the append writes all of them into their pages.
     let mut k_cache = DeviceTensor::nan(&stream, DType::F16, layout.k_buffer_len())?;
     let mut v_cache = DeviceTensor::nan(&stream, DType::F16, layout.v_buffer_len())?;
-    let (q, k, v) = common::inputs(p, 3);
-    let (k_new, v_new) = (engine.upload(&k)?, engine.upload(&v)?);
+    let (k_new, v_new) = (engine.upload(k)?, engine.upload(v)?);
     let cache = DevicePagedKvMut::Separate {
         k: &mut k_cache,
         v: &mut v_cache,
     };
     let all_tokens = &p.batch.kv_indptr;
-    engine.append_paged_kv(&stream, &layout, &table, all_tokens, &k_new, &v_new, cache)?;
+    engine.append_paged_kv(&stream, layout, table, all_tokens, &k_new, &v_new, cache)?;
 
-    let qd = engine.upload(&q)?;
+    let qd = engine.upload(q)?;
     let rows = p.batch.total_qo() * p.num_qo_heads;
     let mut o = DeviceTensor::nan(&stream, p.output_dtype, p.output_len())?;
     let mut lse = DeviceTensor::nan(&stream, DType::F32, rows)?;
@@ -76,7 +98,5 @@ fn run(engine: &Engine) -> Outcome {
         o: o.download(&stream)?,
         lse: Some(lse.download(&stream)?.to_f32_vec()),
     };
-    // The paged problem is the ragged problem over the same tokens.
-    let want = reference::attention(p, &q, &k, &v)?;
-    common::check("paged decode vs reference", &out, &want, 2e-3, 1e-3)
+    common::check("paged decode vs reference", &out, &d.want, 2e-3, 1e-3)
 }

@@ -23,12 +23,17 @@ const KEYS_B: usize = 300;
 const HEADS: usize = 8;
 const DIM: usize = 64;
 
-/// The problem of `QUERIES` queries over `keys` keys, partial results in f32.
+/// The problem of `QUERIES` queries over `keys` keys, in f32 (the CPU backend's partial states
+/// then carry no rounding to f16; the merge takes f16 and bf16 states as well).
 fn problem(keys: usize) -> AttnResult<AttentionProblem> {
     let batch = RaggedBatch::from_lens(&[(QUERIES, keys)])?;
-    let mut p = AttentionProblem::new(batch, HEADS, HEADS, HeadDims::new(DIM, DIM)?, DType::F16);
-    p.output_dtype = DType::F32;
-    Ok(p)
+    Ok(AttentionProblem::new(
+        batch,
+        HEADS,
+        HEADS,
+        HeadDims::new(DIM, DIM)?,
+        DType::F32,
+    ))
 }
 
 /// The keys (or values) of both parts, one after the other.

@@ -208,9 +208,9 @@ impl Backend for CudaBackend {
     }
 
     /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel
-    /// of each) on every core into the disk cache, so that the sequential runs only load them. Without a disk cache there is nothing to keep them in,
-    /// and each run compiles its own. A kernel that fails here fails again in its case's run,
-    /// which reports it.
+    /// of each) on every core into the disk cache, so that the sequential runs only load them.
+    /// Without a disk cache there is nothing to keep them in, and each run compiles its own. A
+    /// kernel that fails here fails again in its case's run, which reports it.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
         let jit = self.engine.jit();
         if jit.cache().is_none() {
