@@ -122,56 +122,42 @@ impl CudaBackend {
         &self.engine
     }
 
-    /// Asks for a NaN buffer of as many f16 elements as the GPU has bytes (twice its memory):
-    /// `Ok` with the error's message when it is refused with [`CudaError::OutOfMemory`] naming
-    /// that size, else what happened instead.
-    fn refuses_oversized_buffer(&self) -> Result<String, String> {
-        let (_, total) = self
+    /// Asks for NaN buffers the GPU cannot hold: one of as many f16 elements as it has bytes
+    /// (twice its memory), one halfway between its free and its total memory (the driver's
+    /// out-of-memory error). `Ok` with the errors' messages when both are refused with
+    /// [`CudaError::OutOfMemory`] naming the size asked, else what happened instead.
+    fn refuses_oversized_buffers(&self) -> Result<Vec<String>, String> {
+        let (free, total) = self
             .engine
             .context()
             .mem_get_info()
             .map_err(|e| format!("cuMemGetInfo failed: {e}"))?;
-        let bytes = total * DType::F16.size_bytes();
-        match DeviceTensor::nan(self.engine.stream(), DType::F16, total) {
-            Ok(_) => Err(format!(
-                "a buffer of {bytes} bytes was allocated on a GPU of {total} bytes"
-            )),
-            Err(e @ CudaError::OutOfMemory { requested, .. }) if requested == bytes => {
-                Ok(e.to_string())
-            }
-            Err(e) => Err(format!(
-                "a buffer of {bytes} bytes: expected an out-of-memory error, got: {e}"
-            )),
-        }
+        let size = DType::F16.size_bytes();
+        [total * size, free + (total - free) / 2]
+            .into_iter()
+            .map(|bytes| {
+                let len = bytes / size;
+                match DeviceTensor::nan(self.engine.stream(), DType::F16, len) {
+                    Ok(_) => Err(format!(
+                        "a buffer of {} bytes was allocated with {free} of {total} bytes free",
+                        len * size
+                    )),
+                    Err(e @ CudaError::OutOfMemory { requested, .. })
+                        if requested == len * size =>
+                    {
+                        Ok(e.to_string())
+                    }
+                    Err(e) => Err(format!(
+                        "a buffer of {} bytes: expected an out-of-memory error, got: {e}",
+                        len * size
+                    )),
+                }
+            })
+            .collect()
     }
 }
 
 impl Backend for CudaBackend {
-    /// A buffer beyond the GPU's memory is refused with an error, and the engine stays usable:
-    /// `small` then runs and passes.
-    fn self_checks(&self, small: &Case) -> Vec<CaseResult> {
-        let name = format!("{SELF_CHECK}out-of-memory, then {}", small.name);
-        let result = match self.refuses_oversized_buffer() {
-            Ok(message) => {
-                let mut result = run_case(self, small);
-                result.name = name;
-                result
-                    .also
-                    .insert(0, ("the oversized buffer".into(), Err(message), true));
-                result
-            }
-            Err(why) => CaseResult {
-                name,
-                outcome: Err(why),
-                passed: false,
-                oracle: Oracle::Exact,
-                also: Vec::new(),
-                backend_time: Duration::ZERO,
-            },
-        };
-        vec![result]
-    }
-
     fn name(&self) -> &'static str {
         "cuda"
     }
@@ -356,6 +342,32 @@ impl Backend for CudaBackend {
         engine.synchronize()?;
         let lse = lse.download(stream)?.to_f32_vec();
         Ok((o.download(stream)?, lse))
+    }
+
+    /// A buffer beyond the GPU's memory is refused with an error, and the engine stays usable:
+    /// `small` then runs and passes.
+    fn self_checks(&self, small: &Case) -> Vec<CaseResult> {
+        let name = format!("{SELF_CHECK}out-of-memory, then {}", small.name);
+        let result = match self.refuses_oversized_buffers() {
+            Ok(messages) => {
+                let mut result = run_case(self, small);
+                result.name = name;
+                let refused = messages
+                    .into_iter()
+                    .map(|m| ("refused as expected".to_string(), Err(m), true));
+                result.also.splice(0..0, refused);
+                result
+            }
+            Err(why) => CaseResult {
+                name,
+                outcome: Err(why),
+                passed: false,
+                oracle: Oracle::Exact,
+                also: Vec::new(),
+                backend_time: Duration::ZERO,
+            },
+        };
+        vec![result]
     }
 }
 

@@ -41,7 +41,8 @@ unsafe fn alloc<T: DeviceRepr>(
 }
 
 /// The error of a failed allocation of `requested` bytes: [`CudaError::OutOfMemory`] with the
-/// device's free and total memory when the driver ran out, else the driver's error.
+/// device's free and total memory when the driver ran out or the request exceeds the device's
+/// memory (whatever code the driver gives such a request), else the driver's error.
 fn allocation_error(
     stream: &Arc<CudaStream>,
     what: &str,
@@ -52,17 +53,18 @@ fn allocation_error(
         call: format!("allocating {what} ({requested} bytes)"),
         source,
     };
-    if source.0 != CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return driver(source);
-    }
     match stream.context().mem_get_info() {
-        Ok((free, total)) => CudaError::OutOfMemory {
-            what: what.to_string(),
-            requested,
-            free,
-            total,
-        },
-        Err(_) => driver(source),
+        Ok((free, total))
+            if source.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY || requested > total =>
+        {
+            CudaError::OutOfMemory {
+                what: what.to_string(),
+                requested,
+                free,
+                total,
+            }
+        }
+        _ => driver(source),
     }
 }
 
