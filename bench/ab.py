@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""ab.py: time two attnforge binaries against each other on the same shapes, in ABBA order.
+"""ab.py: time two attnforge binaries against each other on the same shapes, in A B B A order.
 
 A kernel change is judged by its own binary beside the binary it changes, in one run on one GPU:
 each round runs A, B, B, A over the selected shapes (one `attnforge bench` process per binary and
 round, so both see the same clocks and temperatures on average), and the table gives each
 binary's mean TFLOP/s (TB/s for decode shapes) and B's change against A in percent.
 
-    python3 bench/ab.py --bin main=.device/bin/attnforge-main --bin sb=.device/bin/attnforge-sb \\
+    python3 bench/ab.py --bin main=bin/attnforge-main --bin new=bin/attnforge-new \\
         --shape f16-d256-h32/32-s2048-noncausal --shape decode-f16-d128-h32/8-b64-kv4096-p16 \\
-        --rounds 1 --out "$OUT/ab.jsonl"
+        --rounds 2 --out ab.jsonl
 
 Shapes are names from bench/shapes.json (either suite). Every line `attnforge bench` writes is
 kept in --out with two more fields: `bin` (the name given to --bin) and `run` (1, 2, ...).
@@ -30,7 +30,7 @@ def parse_args():
     ap.add_argument("--shape", action="append", required=True, metavar="NAME",
                     help="a shape name from the shape list (repeat)")
     ap.add_argument("--shapes", default="bench/shapes.json", help="the shape list")
-    ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each binary runs twice per round)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of A B B A (each binary runs twice per round)")
     ap.add_argument("--runs", type=int, default=50, help="fewest timed launches per shape (attnforge bench times more while they fill its --target-ms)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed launches first (attnforge bench adds 5 probe launches)")
     ap.add_argument("--out", required=True, help="JSON lines of every measurement")

@@ -12,8 +12,8 @@ span from the earliest target to the latest source of the backward branches that
 
   python3 bench/ncu_loop_mix.py ours.csv.gz [theirs.csv.gz] --per 16384
 
-Example (session 7, s1024 non-causal: 1024 warps x 16 tiles of 64 keys): the CSVs are in
-docs/results/ncu/.
+For example, f16 D=128 seq 1024 non-causal on the 128-row tile: 1024 warps x 16 tiles of 64 keys,
+so --per 16384.
 
 With --reasons, also the loop's stall samples per reason (the CSV's `stall_*` columns, which ncu
 writes when the report has per-instruction sampling), each with the opcodes that take most of

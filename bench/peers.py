@@ -13,13 +13,14 @@ Input: the RESOLVED shape list printed by `attnforge bench [--suite paged] --pri
 list of shape objects with `flops` and `bytes` added; paged shapes also carry the page table).
 FLOP and byte counts are taken from that file, never recomputed here, so both sides share one
 formula. Output: one JSON line per (shape, impl that applies to it) in the benchmark data contract
-(docs/gpu-workflow.md), plus a short table on stdout.
+(docs/benchmarking.md), plus a short table on stdout.
 
 Method, per (shape, impl):
   1. A peer that cannot run the shape is reported, never skipped: "missing: why" when the feature
      does not exist there (torch has no soft-cap and no f16 QK accumulation, FlashInfer's decode
-     wrapper has no f16 QK accumulation), "error: why" when it fails (FlashInfer's f16-QK kernels
-     fail to compile with nvcc 13: that is expected). In the paged suite the decode wrappers apply
+     wrapper has no f16 QK accumulation), "error: why" when it fails (FlashInfer 0.5.3's f16-QK
+     kernels stop at a static assertion unless FlashInfer is rebuilt with
+     -DFP16_QK_REDUCTION_SUPPORTED and Boost.Math: that is expected). In the paged suite the decode wrappers apply
      to decode shapes (every qo_len 1, not causal) and the paged prefill wrapper to the others.
   2. FlashInfer JIT-compiles one module per configuration (dtype, head dims, soft-cap on/off,
      f16 QK, and which kernel family) on its first call. Every configuration is compiled on a tiny
@@ -34,7 +35,7 @@ Method, per (shape, impl):
      while the runs are enqueued, so the host's per-call Python overhead does not show up as idle
      gaps between runs on small shapes.
 
-Usage (on the GPU machine):
+Usage:
   python3 bench/peers.py shapes-prefill.json --out peers-prefill.jsonl
   python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
 Also: --dry-run (print the plan, no GPU, no torch), --self-test (checks the reference, and the

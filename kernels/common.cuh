@@ -154,13 +154,13 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // only by 2^-11 (0.02 in the logit at cap 50; measured on the H200, 8e-6 absolute: 4e-4 at cap
 // 50), and a soft-cap built on it (Q scaled by sm_scale / cap, one MUFU.TANH per logit) ran 2-5%
 // slower than the forms here at cap 50: two MUFU per logit make the exponent unit the limit
-// (session 27, docs/perf-notes.md). An ex2 followed by rcp.approx costs two as well.
+// (docs/kernel-design.md). An ex2 followed by rcp.approx costs two as well.
 // With u = exp(-2|s| / cap) in [0, 1]: cap * tanh(|s| / cap) = cap * (R - 1), R = 2 / (1 + u)
 // in [1, 2]. R comes from the FMA pipe instead of rcp: a cubic seed R0(u) (relative minimax
 // error 1.7e-3 over u in [0, 1]) and one third-order correction R = R0 (1 + e + e^2) with the
 // residual e = 1 - (1 + u) R0 / 2, which leaves a relative error e^3 < 6e-9. Absolute error of
 // the result, emulated in f32 over |s| <= 200 cap: 2.2e-7 * cap with correctly rounded ex2,
-// 2.7e-7 * cap at ex2's 2-ulp bound (docs/perf-notes.md).
+// 2.7e-7 * cap at ex2's 2-ulp bound (docs/kernel-design.md).
 // Edge cases: for |s| > ~44 cap (and +-inf), ex2 flushes u to 0 and the result is +-cap;
 // s = +-0 gives 0; NaN stays NaN. 10 FMA/ALU-pipe instructions and one MUFU per call.
 __device__ __forceinline__ float softcap_tanh(float s, float cap, float exp2_scale) {

@@ -82,7 +82,7 @@ __device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, 
 // address serve them all, the rest at immediate offsets: a thread addresses ROW_CHUNKS / 8 times
 // fewer rows than with one chunk per thread. (A thread chunk of (tid % 8) ^ (row0 % 8), which
 // makes its tile address linear, saved 3 instructions per tile but made ptxas serialize the
-// wgmma of the causal D=128 two-warpgroup kernels: NVRTC 13, session 16.)
+// wgmma of the causal D=128 two-warpgroup kernels: `attnforge compile --log` shows it.)
 template <int NUM_THREADS>
 struct RowSplit {
   static_assert(NUM_THREADS % 8 == 0, "whole rows of 8 threads");

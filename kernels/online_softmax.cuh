@@ -69,8 +69,8 @@ struct OnlineSoftmax {
   // its max, or a cheaper bound the logits carry) within the slack above the row's reference,
   // the quad's max is too, and the reference stays. One vote of the warp then stands for the
   // quad reduction, the new references and the rescale factors; the p are the ones the full
-  // step would compute (the same offsets), so nothing else changes. H200, session 20 run 2
-  // (ABBA, one call, against the full step every sub-tile): f16 D=128 causal s4096 +2.6%,
+  // step would compute (the same offsets), so nothing else changes. Measured on the H200 against
+  // the full step every sub-tile (`attnforge bench`): f16 D=128 causal s4096 +2.6%,
   // non-causal +3.6%, soft-cap 50 +7.0% (32/8 s8192 +7.6%), f16 QK +4.3%, f16 QK with soft-cap
   // +9.7%, D=64 +4.2%, D=256 +3.2%, ragged batch +3.8%; bf16 non-causal 32/8 s8192 -1.7% (its
   // wgmma products are serialized by ptxas; not read further).

@@ -38,6 +38,10 @@ pub struct Args {
     /// Print one JSON document on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Print what one kernel is and every tuning choice made for it, with the reason for each,
+    /// and compile nothing (NAME: a kernel name, or text only one name contains).
+    #[arg(long, value_name = "NAME")]
+    explain: Option<String>,
     /// Also print each kernel's compiler log (warnings and ptxas' report, including its notes on
     /// serialized wgmma), after the table or as a `log` field of the JSON.
     #[arg(long)]
@@ -95,6 +99,9 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn run_inner(args: &Args) -> Result<ExitCode, String> {
+    if let Some(name) = &args.explain {
+        return crate::explain::print(name);
+    }
     let start = Instant::now();
     let archs = Arch::parse_list(&args.arch).map_err(|e| format!("--arch: {e}"))?;
     let threads = match args.jobs {

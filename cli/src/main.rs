@@ -6,6 +6,7 @@ mod backend;
 mod bench;
 mod compile;
 mod demo;
+mod explain;
 mod info;
 mod verify;
 

@@ -9,6 +9,7 @@
 mod fast_divisor;
 mod fixed;
 mod params;
+mod policy;
 mod reference;
 mod render;
 mod spec;
@@ -23,6 +24,7 @@ pub use fixed::{
 pub use params::{
     AppendParams, MergeParams, ParamBlockLayout, PrefillParams, TmaMap, VariantLayout,
 };
+pub use policy::PrefillPolicy;
 pub use reference::{
     reference_matrix, render_reference, ReferenceSpec, RenderedReference, REFERENCE_ROWS_PER_CTA,
     REFERENCE_SPILL_BUDGET_BYTES, REFERENCE_THREADS,

@@ -25,7 +25,30 @@ const ONLINE_SOFTMAX: (&str, &str) = (
     include_str!("../../kernels/online_softmax.cuh"),
 );
 pub(super) const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
-const PREFILL: (&str, &str) = ("prefill.cuh", include_str!("../../kernels/prefill.cuh"));
+/// The prefill kernel by role, in dependency order, its skeleton last.
+const PREFILL: [(&str, &str); 6] = [
+    (
+        "prefill_tile.cuh",
+        include_str!("../../kernels/prefill_tile.cuh"),
+    ),
+    (
+        "prefill_products.cuh",
+        include_str!("../../kernels/prefill_products.cuh"),
+    ),
+    (
+        "prefill_kv_pipeline.cuh",
+        include_str!("../../kernels/prefill_kv_pipeline.cuh"),
+    ),
+    (
+        "prefill_step.cuh",
+        include_str!("../../kernels/prefill_step.cuh"),
+    ),
+    (
+        "prefill_epilogue.cuh",
+        include_str!("../../kernels/prefill_epilogue.cuh"),
+    ),
+    ("prefill.cuh", include_str!("../../kernels/prefill.cuh")),
+];
 const MERGE_MATH: (&str, &str) = (
     "merge_math.cuh",
     include_str!("../../kernels/merge_math.cuh"),
@@ -141,13 +164,16 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.wgmma,
         spec.kv == KvCache::Paged,
     );
+    out.push_str(&spec.policy().render());
     out.push_str(&layout.variant.cuda_struct());
     variant::render(&code, &mut out, &mut snippets, &file_name);
     out.push_str(&layout.cuda_struct());
     template(&mut out, MASK);
     template(&mut out, ONLINE_SOFTMAX);
     template(&mut out, VARIANT);
-    template(&mut out, PREFILL);
+    for file in PREFILL {
+        template(&mut out, file);
+    }
     template(&mut out, MERGE_MATH);
     template(&mut out, MERGE_STATE);
     let merge_entry = format!("{name}_merge");
@@ -185,7 +211,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
 /// [`TileConfig::ROW_TILE_CTAS_PER_SM`] (what the planner assumes), or fewer where shared memory
 /// allows fewer: left to its own guess, ptxas gave the D=64 128-row tile, whose 48 KB of shared
 /// memory allow four CTAs per SM, 215 registers on main and 170 after an unrelated change of the
-/// work items (H200, session 10: -8% at D=64), and capped the 64-row D=128 tile at 168 registers
+/// work items (-8% at D=64 on the H200), and capped the 64-row D=128 tile at 168 registers
 /// with 8 bytes of spills (192 and none with the bound). The key-split tile (decode: bound by
 /// memory, every resident CTA adds loads in flight) declares a minimum only where shared memory
 /// allows at most two CTAs; otherwise ptxas's own choice stands.

@@ -4,8 +4,8 @@
 //! the planner picks) and rendered to source by [`super::render`]. The cache key is a hash of the
 //! rendered source, so any field that changes the code changes the key by construction.
 
+use super::policy::PrefillPolicy;
 use super::tile::TileConfig;
-use super::variant::VariantCode;
 use crate::dtype::DType;
 use crate::problem::{
     AttentionProblem, CudaVariantSource, HeadDims, MaskKind, QkAccum, Variant, VariantKind,
@@ -180,60 +180,35 @@ impl KernelSpec {
         })
     }
 
+    /// The kernel's tuning choices (rendered into its source; `attnforge compile --explain`).
+    pub fn policy(&self) -> PrefillPolicy {
+        PrefillPolicy::of(self)
+    }
+
     /// Dynamic shared memory per CTA: the tile's buffers, each thread's K and V base pointers
-    /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, with
-    /// [`copies_kv_by_tma`](Self::copies_kv_by_tma) one mbarrier (8 bytes) per K/V buffer, and
-    /// with [`keeps_loop_bounds_in_shared`](Self::keeps_loop_bounds_in_shared) each warp's copy
-    /// of the request's bounds (8 bytes, 16 with a mask).
+    /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, and what the
+    /// policy adds ([`PrefillPolicy::smem_bytes`]).
     pub fn smem_bytes(&self) -> u32 {
         let page_ids = match self.kv {
             KvCache::Ragged => 0,
             KvCache::Paged => 2 * self.tile.kv_tile * 4,
         };
-        let tma_barriers = if self.copies_kv_by_tma() { 2 * 8 } else { 0 };
-        let bounds = if !self.keeps_loop_bounds_in_shared() {
-            0
-        } else if self.mask == MaskKind::None {
-            self.tile.num_warps * 8
-        } else {
-            self.tile.num_warps * 16
-        };
         self.tile.smem_bytes(self.head_dims)
             + self.tile.threads() * 16
             + page_ids
-            + tma_barriers
-            + bounds
+            + self.policy().smem_bytes(self.tile.num_warps)
     }
 
-    /// Whether the kernel's KV loop reads the request's lengths (and, with a mask, the query
-    /// tile's token range) from shared memory rather than holding them in registers
-    /// (`prefill.cuh` `BOUNDS_IN_SHARED`, which says why): the `mma.sync` kernels of the
-    /// head-dim-128 tile of two m16 tiles per warp over 64-key sub-tiles that ptxas spilled
-    /// without it, none with a transform or a variant's mask: f16 QK with a sliding window, f32
-    /// QK over a paged cache unmasked or causal with f16 inputs, f32 QK causal over ragged K/V
-    /// with bf16 inputs.
+    /// Whether the kernel's KV loop reads the request's bounds from shared memory
+    /// ([`PrefillPolicy::bounds_in_shared`]).
     pub fn keeps_loop_bounds_in_shared(&self) -> bool {
-        let t = self.tile;
-        let accumulator_bound = self.head_dims.vo() == 128 && t.kv_sub == 64 && t.mma_q == 2;
-        let code = VariantCode::of(&self.variant);
-        let plain = code.transform.is_none() && code.mask.is_none();
-        let kind = match (self.qk_accum, self.input_dtype) {
-            (QkAccum::F16, _) => self.mask == MaskKind::SlidingWindow,
-            (QkAccum::F32, DType::Bf16) => {
-                self.mask == MaskKind::Causal && self.kv == KvCache::Ragged
-            }
-            (QkAccum::F32, _) => {
-                self.kv == KvCache::Paged && matches!(self.mask, MaskKind::None | MaskKind::Causal)
-            }
-        };
-        accumulator_bound && !t.wgmma && plain && kind
+        self.policy().bounds_in_shared
     }
 
     /// Whether the kernel copies whole K/V tiles with the tensor memory accelerator when the
-    /// launch passes tensor maps (`prefill.cuh` `TMA_KV`): wgmma tiles with two K/V buffers over
-    /// ragged K/V.
+    /// launch passes tensor maps ([`PrefillPolicy::tma_kv`]).
     pub fn copies_kv_by_tma(&self) -> bool {
-        self.tile.wgmma && self.tile.kv_stages == 2 && self.kv == KvCache::Ragged
+        self.policy().tma_kv
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.

@@ -73,8 +73,9 @@ impl TileConfig {
     /// warpgroup of 128 rows keeps 128 f32 output accumulators and 64 logits per thread and
     /// spilled past [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES) with a transforming variant
     /// (NVRTC 13, sm_90a: up to 216 bytes); two of 64 rows keep half as many, fit 128 registers
-    /// with two CTAs per SM, and ran faster on the H200 (session 14 run 1, ABBA: soft-cap +31%,
-    /// causal s4096 +3%, bf16 GQA s8192 causal +8%; run 2, forced, head dim 64: +1.4% to +5%).
+    /// with two CTAs per SM, and ran faster on the H200 (`attnforge bench --tile` against the one
+    /// warpgroup: soft-cap +31%, causal s4096 +3%, bf16 GQA s8192 causal +8%, head dim 64 +1.4% to
+    /// +5%).
     pub fn for_arch(self, arch: Arch, dims: HeadDims) -> TileConfig {
         let (num_warps, mma_q) = if self.mma_q == 2 {
             (8, 1)
@@ -187,11 +188,11 @@ impl TileConfig {
     /// Every configuration the planner can pick for a kernel with these head dims and QK
     /// accumulation over K/V from `kv` (the compile matrix covers them all), widest first, the
     /// key-split tile for short query tiles last; the row tiles were chosen by the tile sweeps
-    /// on the H200 recorded in `docs/perf-notes.md`. Head dim 128 computes whole 64-key tiles
+    /// on the H200 (`attnforge bench --tile`; docs/kernel-design.md). Head dim 128 computes whole 64-key tiles
     /// (`w4q2kv64`) with either accumulator. With f32 accumulators S takes 64 of the 255
     /// registers and ptxas spills a few values (the KV range bounds and the row sums, within the
     /// budget below): measured faster on the H200 than 32-key sub-tiles (`w4q2kv64s32`), which
-    /// run the softmax bookkeeping twice per tile (session 5 log in `docs/perf-notes.md`).
+    /// run the softmax bookkeeping twice per tile (`attnforge bench --tile w4q2kv64s32`).
     /// Head dim 256 over ragged rows computes 64-key tiles with one K/V buffer (`w4q1kv64b1`,
     /// 96 KB, two CTAs per SM; double-buffered, a 64-key tile needs 160 KB and one CTA per SM);
     /// over a paged cache it keeps double-buffered 32-key tiles (`w4q1kv32`). On sm_90a it also
@@ -221,12 +222,10 @@ impl TileConfig {
     /// Head dim 256 over ragged K/V on sm_90a: two warpgroups of 64 rows (`w8q1kv64g`, the head
     /// dim 128 tile's structure) with two K/V buffers filled by TMA, about 197 KB of shared
     /// memory, so one CTA per SM. Its `mma.sync` counterpart would be `w4q2kv64`, whose 32-row
-    /// warps would hold 256 output floats a thread, so it has none. H200, session 25 call 5
-    /// (forced with `bench --tile`, A B B A against `w4q1kv64b1g`, seq 4096, 32 heads): causal
-    /// +26% (497 -> 626 TFLOP/s), non-causal +27%, bf16 +27% / +29%, soft-cap 50 +19%, f16 QK
-    /// +18% / +20%; NVRTC 13, sm_90a: 203-255 registers, no spill, no serialized wgmma in any of
-    /// its 60 kernels. Planned since session 26, after a full verify (675/675) and the D=256 grid:
-    /// 2.05x FlashInfer FA2 and 1.05x cuDNN (geometric means; docs/benchmarks.md).
+    /// warps would hold 256 output floats a thread, so it has none. Measured on the H200 with
+    /// `attnforge bench --tile` against `w4q1kv64b1g` (seq 4096, 32 heads): causal +26%,
+    /// non-causal +27%, bf16 +27% / +29%, soft-cap 50 +19%, f16 QK +18% / +20%, and faster from seq
+    /// 512 up; 203-255 registers, no spill, no serialized wgmma in any of its 60 kernels.
     pub const D256_TWO_WARPGROUPS: TileConfig = TileConfig {
         num_warps: 8,
         mma_q: 1,
@@ -262,45 +261,14 @@ impl TileConfig {
     /// Bytes of register spills (stores or loads, as ptxas reports them) a prefill kernel is
     /// declared to allow; `attnforge compile` fails any kernel above it.
     ///
-    /// Why not zero: ptxas leaves some 255-register kernels a few registers short. Session 7
-    /// (NVRTC 13, the CI matrix of 2884 kernels for sm_90a and sm_80): 181 spill, 4 to 60 bytes of
-    /// stores; 174 of them are D=128 `w4q2kv64` kernels, the other 7 D=64 `w4q1kv64`. The
-    /// benchmarked f16 D=128 kernels spill 4 to 28 bytes since the row sums moved to the tensor
-    /// cores (4 more registers through the loop), and are faster all the same; the kernels that
-    /// also carry a window or custom mask went past this budget with them and keep f32 row sums.
-    /// The 32-key sub-tile would remove most spills, but costs 3% (soft-cap) to 11% (f16 QK) on
-    /// the H200. Session 11 (same matrix, after the launch bounds, the work spans and the
-    /// soft-cap's small form): 165 spill, all D=128 `w4q2kv64` (88 for sm_90a, 77 for sm_80), at
-    /// most 84 bytes of stores; the f32-QK custom-mask kernels reload 128 bytes, at the budget.
-    /// Session 13 adds the sm_90a wgmma twins: 18 of the 272 head-dim-64 and 128 twins spill
-    /// (all at head dim 128), at most 32 bytes. Session 14 (two warpgroups for the 128-row twin,
-    /// every variant; f16 QK twins): 1982 sm_90a kernels, 145 spill: the 88 mma.sync `w4q2kv64`
-    /// ones above (no longer planned on sm_90a, which takes their twins), 55 `w8q1kv64g` (at 128
-    /// registers; at most 80 bytes of stores and 60 of loads, the custom-mask kernels with a
-    /// transform) and 2 `w4q1kv64b1g` (4 bytes). Session 15 (descriptors advanced by one add, the
-    /// soft-cap from the accumulator in every wgmma kernel; CI of ff50440): 129 of 1982 sm_90a
-    /// kernels spill: the 88 `w4q2kv64` and 41 `w8q1kv64g` (the custom-mask ones and f16-QK
-    /// custom variants, 8 to 116 bytes of stores: custom mask with soft-cap, ragged, 116/68, the
-    /// closest to the budget); sm_80 77 as before. Session 16 (ragged copies from stashed base
-    /// pointers, the factored soft-cap form; the mma.sync tiles with a wgmma twin no longer built
-    /// for sm_90a; CI of 1f13ecd): 2884 kernels, 124 spill: 46 of 1442 sm_90a kernels, all
-    /// `w8q1kv64g` (f32-QK custom-mask ones up to 96/64 bytes, the custom sample variant 16-24,
-    /// f16-QK masked or custom ones 4-12), and 78 sm_80 `w4q2kv64` (at most 72/100). Session 17
-    /// (K/V tiles by TMA in the ragged wgmma kernels; custom-mask bits read as words in the
-    /// wgmma kernels): the CI record is in `docs/benchmarks.md`, "JIT (NVRTC) and build"; with
-    /// session 18's short form (CI of 195f9be), 113 spill: 33 sm_90a `w8q1kv64g` and 80 sm_80
-    /// `w4q2kv64`. Session 19 (warp-uniform descriptors): 100 spill, 20 of them sm_90a. Session 20
-    /// (heavy logits in the accumulator-bound tiles, `HEAVY_LOGITS` in kernels/prefill.cuh: f32-QK
-    /// sub-tiles in 32-key pieces, f16-QK float pieces of 16 keys on mma.sync, the rows'
-    /// coordinates and, with heavy logits, the two-warpgroup f16-QK Q base derived in the loop;
-    /// bf16 exponents after the rescale; CI of 31414b2): 10 of the 2884 spill, all sm_80
-    /// `w4q2kv64` (were 80: the f16-QK window ones 24/32 B, the f32-QK paged no-variant and sinks
-    /// ones 4-16 B, bf16 causal ragged 4 B); no sm_90a kernel spills or serializes its wgmma.
-    /// Session 22 found code that removes 6 of the 10 (f32 row sums over a paged cache, sums by
-    /// MMA in the bf16 causal ragged kernels: `docs/results/s22/sm80-spill-fixes.patch`) and did
-    /// not take it: timed on the H200 planning sm_80's tiles it cost 1.6-3.5% on the kernels it
-    /// changes (`docs/benchmarks.md`, "Session 22"). The budget keeps the rest visible and
-    /// bounded; removing them is tracked in `docs/perf-notes.md`.
+    /// Why not zero: ptxas leaves some 255-register kernels a few registers short, and the
+    /// fixes that remove those spills cost speed. Today 10 of the matrix's kernels spill, all
+    /// sm_80 `w4q2kv64` (the f16-QK window ones 24/32 B, f32-QK paged no-variant and sinks ones
+    /// 4-16 B, bf16 causal ragged 4 B); no sm_90a kernel spills or serializes its wgmma. Code that
+    /// removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
+    /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
+    /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
+    /// --arch sm_90a,sm_80` lists every kernel's spills and fails one past the budget.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
