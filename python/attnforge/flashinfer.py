@@ -570,11 +570,13 @@ def merge_state(v_a, s_a, v_b, s_b):
         _check_f32_lse(name, s)
     v_out = A.empty(v_a, v_a.shape)
     s_out = A.empty(v_a, s_a.shape, float32=True)
+    # The natural-log copies stay referenced until the call returns.
+    ln_a, ln_b = _lse_to_natural(s_a), _lse_to_natural(s_b)
     _native.merge_state(
         A.describe(v_a, "v_a"),
-        A.describe(_lse_to_natural(s_a), "s_a"),
+        A.describe(ln_a, "s_a"),
         A.describe(v_b, "v_b"),
-        A.describe(_lse_to_natural(s_b), "s_b"),
+        A.describe(ln_b, "s_b"),
         A.describe_out(v_out, "v_out"),
         A.describe_out(s_out, "s_out"),
         A.stream_of(v_a),
@@ -600,9 +602,10 @@ def merge_states(v, s):
     seq, _, heads, dim = v.shape
     v_out = A.empty(v, (seq, heads, dim))
     s_out = A.empty(v, (seq, heads), float32=True)
+    ln_s = _lse_to_natural(s)  # referenced until the call returns
     _native.merge_states(
         A.describe(v, "v"),
-        A.describe(_lse_to_natural(s), "s"),
+        A.describe(ln_s, "s"),
         A.describe_out(v_out, "v_out"),
         A.describe_out(s_out, "s_out"),
         A.stream_of(v),
