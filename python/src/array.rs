@@ -59,7 +59,11 @@ impl ArrayArg {
         if self.1.len() != rank || self.2.len() != rank {
             return Err(invalid(
                 name,
-                format!("has {} dimensions {:?}; expected {rank}", self.1.len(), self.1),
+                format!(
+                    "has {} dimensions {:?}; expected {rank}",
+                    self.1.len(),
+                    self.1
+                ),
             ));
         }
         if let Some(s) = self.2.iter().find(|&&s| s < 0) {

@@ -48,9 +48,26 @@ fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> PyResult<std::sync::MutexGuard<'_, T>> {
-    m.lock()
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("plan state poisoned"))
+/// The device plans of one plan, by the strides (and storage) they were made for.
+struct DevicePlans<K, P> {
+    engine: Arc<Engine>,
+    plans: Mutex<HashMap<K, Arc<P>>>,
+}
+
+impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
+    /// The plan for `key`, made by `build` on first use.
+    fn get(&self, key: K, build: impl FnOnce(&Engine) -> PyResult<P>) -> PyResult<Arc<P>> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("plan state poisoned"))?;
+        if let Some(plan) = plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(build(&self.engine)?);
+        plans.insert(key, plan.clone());
+        Ok(plan)
+    }
 }
 
 /// Checks `o` (and `lse`) against the problem; on the GPU they must be contiguous.
@@ -124,23 +141,30 @@ fn views_key(q: &TensorView, k: &TensorView, v: &TensorView) -> Views {
 #[pyclass(module = "attnforge._native")]
 pub struct RaggedPlan {
     problem: AttentionProblem,
-    device: Option<(Arc<Engine>, Mutex<HashMap<Views, Arc<ac::PrefillPlan>>>)>,
+    device: Option<DevicePlans<Views, ac::PrefillPlan>>,
 }
 
 #[pymethods]
 impl RaggedPlan {
     /// Plans the problem on `device` (a CUDA ordinal, or -1 for the CPU backend).
     #[new]
-    fn new(qo_indptr: Vec<i32>, kv_indptr: Vec<i32>, spec: AttnSpec, device: i64) -> PyResult<Self> {
+    fn new(
+        qo_indptr: Vec<i32>,
+        kv_indptr: Vec<i32>,
+        spec: AttnSpec,
+        device: i64,
+    ) -> PyResult<Self> {
         let problem = spec.ragged_problem(qo_indptr, kv_indptr)?;
         let device = match usize::try_from(device) {
             Err(_) => None,
             Ok(ordinal) => {
-                let engine = gpu::engine(ordinal)?;
-                let plan = ac::PrefillPlan::new(&engine, &problem).py()?;
+                let device = DevicePlans {
+                    engine: gpu::engine(ordinal)?,
+                    plans: Mutex::new(HashMap::new()),
+                };
                 let key = views_key(&problem.q_view, &problem.k_view, &problem.v_view);
-                let plans = HashMap::from([(key, Arc::new(plan))]);
-                Some((engine, Mutex::new(plans)))
+                device.get(key, |e| ac::PrefillPlan::new(e, &problem).py())?;
+                Some(device)
             }
         };
         Ok(RaggedPlan { problem, device })
@@ -193,23 +217,14 @@ impl RaggedPlan {
                 .py()?;
                 write_host(&out, &o, lse.as_ref())
             }
-            (Some((engine, plans)), Some(ordinal)) if engine.info().ordinal == ordinal => {
+            (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
                 let (qv, kv_, vv) = (view(&q, "q")?, view(&k, "k")?, view(&v, "v")?);
-                let key = views_key(&qv, &kv_, &vv);
-                let plan = {
-                    let mut plans = lock(plans)?;
-                    match plans.get(&key) {
-                        Some(plan) => plan.clone(),
-                        None => {
-                            let mut vp = p.clone();
-                            (vp.q_view, vp.k_view, vp.v_view) = (qv, kv_, vv);
-                            let plan = Arc::new(ac::PrefillPlan::new(engine, &vp).py()?);
-                            plans.insert(key, plan.clone());
-                            plan
-                        }
-                    }
-                };
-                let stream = gpu::stream(engine, stream);
+                let plan = device.get(views_key(&qv, &kv_, &vv), |e| {
+                    let mut vp = p.clone();
+                    (vp.q_view, vp.k_view, vp.v_view) = (qv, kv_, vv);
+                    ac::PrefillPlan::new(e, &vp).py()
+                })?;
+                let stream = gpu::stream(&device.engine, stream);
                 let dt = p.input_dtype;
                 let (qd, kd, vd) = (
                     gpu::borrow(&stream, &q, "q", dt)?,
@@ -220,7 +235,7 @@ impl RaggedPlan {
                 plan.run_on(&stream, &qd, &kd, &vd, &mut od, ld.as_mut())
                     .py()
             }
-            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.0), given)),
+            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
         }
     }
 }
@@ -243,7 +258,7 @@ pub struct PagedPlan {
     table: PageTable,
     /// The layout planned for, with the smallest page count the table allows.
     layout: PagedKvLayout,
-    device: Option<(Arc<Engine>, Mutex<HashMap<PagedKey, Arc<ac::PagedPlan>>>)>,
+    device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
 }
 
 impl PagedPlan {
@@ -308,8 +323,10 @@ impl PagedPlan {
         let contiguous = plan.problem.q_view;
         plan.paged(layout, contiguous, true)?;
         if let Ok(ordinal) = usize::try_from(device) {
-            let engine = gpu::engine(ordinal)?;
-            let mut plans = HashMap::new();
+            let device = DevicePlans {
+                engine: gpu::engine(ordinal)?,
+                plans: Mutex::new(HashMap::new()),
+            };
             let mut storages = vec![KvStorage::Separate];
             if layout.head_dims.qk() == layout.head_dims.vo() {
                 storages.push(KvStorage::Combined);
@@ -317,9 +334,9 @@ impl PagedPlan {
             for storage in storages {
                 let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
                 let key = (storage, contiguous.token_stride, contiguous.head_stride);
-                plans.insert(key, Arc::new(ac::PagedPlan::new(&engine, &paged).py()?));
+                device.get(key, |e| ac::PagedPlan::new(e, &paged).py())?;
             }
-            plan.device = Some((engine, Mutex::new(plans)));
+            plan.device = Some(device);
         }
         Ok(plan)
     }
@@ -344,7 +361,11 @@ impl PagedPlan {
         if q.dtype("q")? != p.input_dtype {
             return Err(invalid(
                 "q",
-                format!("has dtype {}; the plan's is {}", q.dtype("q")?, p.input_dtype),
+                format!(
+                    "has dtype {}; the plan's is {}",
+                    q.dtype("q")?,
+                    p.input_dtype
+                ),
             ));
         }
         let order = match self.layout.order {
@@ -354,9 +375,21 @@ impl PagedPlan {
         let layout = cache::layout(&cache, order)?;
         for (what, planned, given) in [
             ("page_size", self.layout.page_size, layout.page_size),
-            ("num_kv_heads", self.layout.num_kv_heads, layout.num_kv_heads),
-            ("head_dim_qk", self.layout.head_dims.qk(), layout.head_dims.qk()),
-            ("head_dim_vo", self.layout.head_dims.vo(), layout.head_dims.vo()),
+            (
+                "num_kv_heads",
+                self.layout.num_kv_heads,
+                layout.num_kv_heads,
+            ),
+            (
+                "head_dim_qk",
+                self.layout.head_dims.qk(),
+                layout.head_dims.qk(),
+            ),
+            (
+                "head_dim_vo",
+                self.layout.head_dims.vo(),
+                layout.head_dims.vo(),
+            ),
         ] {
             if planned != given {
                 return Err(invalid(
@@ -382,7 +415,7 @@ impl PagedPlan {
                 .py()?;
                 write_host(&out, &o, lse.as_ref())
             }
-            (Some((engine, plans)), Some(ordinal)) if engine.info().ordinal == ordinal => {
+            (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
                 for (i, a) in cache.iter().enumerate() {
                     if !a.is_contiguous() {
                         return Err(invalid(
@@ -391,27 +424,6 @@ impl PagedPlan {
                         ));
                     }
                 }
-                let qv = view(&q, "q")?;
-                let key = (layout.storage, qv.token_stride, qv.head_stride);
-                let plan = {
-                    let mut plans = lock(plans)?;
-                    match plans.get(&key) {
-                        Some(plan) => plan.clone(),
-                        None => {
-                            let paged = self.paged(
-                                PagedKvLayout {
-                                    storage: layout.storage,
-                                    ..self.layout
-                                },
-                                qv,
-                                true,
-                            )?;
-                            let plan = Arc::new(ac::PagedPlan::new(engine, &paged).py()?);
-                            plans.insert(key, plan.clone());
-                            plan
-                        }
-                    }
-                };
                 if layout.num_pages < self.layout.num_pages {
                     return Err(invalid(
                         "paged_kv_cache",
@@ -422,7 +434,16 @@ impl PagedPlan {
                         ),
                     ));
                 }
-                let stream = gpu::stream(engine, stream);
+                let qv = view(&q, "q")?;
+                let storage = layout.storage;
+                let plan = device.get((storage, qv.token_stride, qv.head_stride), |e| {
+                    let planned = PagedKvLayout {
+                        storage,
+                        ..self.layout
+                    };
+                    ac::PagedPlan::new(e, &self.paged(planned, qv, true)?).py()
+                })?;
+                let stream = gpu::stream(&device.engine, stream);
                 let dt = p.input_dtype;
                 let qd = gpu::borrow(&stream, &q, "q", dt)?;
                 let bufs = cache
@@ -437,7 +458,7 @@ impl PagedPlan {
                 let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
                 plan.run_on(&stream, &qd, cache, &mut od, ld.as_mut()).py()
             }
-            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.0), given)),
+            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
         }
     }
 }

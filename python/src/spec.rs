@@ -57,7 +57,10 @@ impl AttnSpec {
         }
         Ok(match (self.causal, self.window_left) {
             (_, w) if w < -1 => {
-                return Err(invalid("window_left", format!("is {w}; expected -1 or >= 0")))
+                return Err(invalid(
+                    "window_left",
+                    format!("is {w}; expected -1 or >= 0"),
+                ))
             }
             (true, -1) => Mask::Causal,
             (true, w) => Mask::SlidingWindow { window_left: w },

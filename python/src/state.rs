@@ -54,7 +54,10 @@ pub fn merge_state(
     for (name, a) in [("v_b", &v_b), ("v_out", &v_out)] {
         expect_shape(a, name, &[rows, heads, head_dim])?;
         if a.dtype(name)? != dtype {
-            return Err(invalid(name, format!("has another dtype than v_a ({dtype})")));
+            return Err(invalid(
+                name,
+                format!("has another dtype than v_a ({dtype})"),
+            ));
         }
     }
     for (name, a) in [("s_a", &s_a), ("s_b", &s_b), ("s_out", &s_out)] {
@@ -119,7 +122,10 @@ pub fn merge_states(
     expect_shape(&v_out, "v_out", &[rows, heads, head_dim])?;
     expect_shape(&s_out, "s_out", &[rows, heads])?;
     if v_out.dtype("v_out")? != dtype {
-        return Err(invalid("v_out", format!("has another dtype than v ({dtype})")));
+        return Err(invalid(
+            "v_out",
+            format!("has another dtype than v ({dtype})"),
+        ));
     }
     check_lse_dtype(&[("s", &s), ("s_out", &s_out)])?;
     let shape = MergeShape {
@@ -217,7 +223,12 @@ pub fn append_paged_kv(
             let stream = gpu::stream(&engine, stream);
             let dt = layout.dtype;
             let kd = gpu::borrow(&stream, &k_new, "append_key", k_new.dtype("append_key")?)?;
-            let vd = gpu::borrow(&stream, &v_new, "append_value", v_new.dtype("append_value")?)?;
+            let vd = gpu::borrow(
+                &stream,
+                &v_new,
+                "append_value",
+                v_new.dtype("append_value")?,
+            )?;
             let mut bufs = cache
                 .iter()
                 .map(|a| gpu::borrow(&stream, a, "paged_kv_cache", dt))
