@@ -6,7 +6,11 @@ attnforge's CPU backend, CUDA tensors on its CUDA backend, on torch's current st
 See ``docs/python.md`` in the repository for the API and the compatibility table.
 """
 
-from . import flashinfer
-from ._native import __version__, cuda_available
+from . import _nvrtc
+
+_nvrtc.point_at_wheel()
+
+from . import flashinfer  # noqa: E402
+from ._native import __version__, cuda_available  # noqa: E402
 
 __all__ = ["flashinfer", "cuda_available", "__version__"]

@@ -49,6 +49,11 @@ fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
 }
 
 /// The device plans of one plan, by the strides (and storage) they were made for.
+///
+/// attnforge uploads a plan's arrays on the engine's own stream, and the caller's stream reads
+/// them: a new plan waits for its uploads before it is used, and dropping the plans waits for
+/// the device to be idle, so that no launch still in flight on the caller's stream reads freed
+/// memory.
 struct DevicePlans<K, P> {
     engine: Arc<Engine>,
     plans: Mutex<HashMap<K, Arc<P>>>,
@@ -65,8 +70,16 @@ impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
             return Ok(plan.clone());
         }
         let plan = Arc::new(build(&self.engine)?);
+        self.engine.synchronize().py()?;
         plans.insert(key, plan.clone());
         Ok(plan)
+    }
+}
+
+impl<K, P> Drop for DevicePlans<K, P> {
+    fn drop(&mut self) {
+        // Best effort: a failed synchronisation is reported by the next call on the device.
+        let _ = self.engine.context().synchronize();
     }
 }
 
