@@ -127,7 +127,7 @@ def single_prefill_with_kv_cache(
         use_fp16_qk_reduction,
         packed_mask(custom_mask, packed_custom_mask, qo_indptr, kv_indptr),
     )
-    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q))
+    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q), lazy=True)
     out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
     _run_ragged(plan, q, k, v, out, lse)
     return _finish(out, lse, return_lse)

@@ -159,13 +159,17 @@ pub struct RaggedPlan {
 
 #[pymethods]
 impl RaggedPlan {
-    /// Plans the problem on `device` (a CUDA ordinal, or -1 for the CPU backend).
+    /// Plans the problem on `device` (a CUDA ordinal, or -1 for the CPU backend). On a GPU the
+    /// device plan for contiguous inputs is made now, unless `lazy` (a plan run once, on inputs
+    /// whose strides it does not know yet: the first `run` makes the plan it needs).
     #[new]
+    #[pyo3(signature = (qo_indptr, kv_indptr, spec, device, lazy = false))]
     fn new(
         qo_indptr: Vec<i32>,
         kv_indptr: Vec<i32>,
         spec: AttnSpec,
         device: i64,
+        lazy: bool,
     ) -> PyResult<Self> {
         let problem = spec.ragged_problem(qo_indptr, kv_indptr)?;
         let device = match usize::try_from(device) {
@@ -175,8 +179,10 @@ impl RaggedPlan {
                     engine: gpu::engine(ordinal)?,
                     plans: Mutex::new(HashMap::new()),
                 };
-                let key = views_key(&problem.q_view, &problem.k_view, &problem.v_view);
-                device.get(key, |e| ac::PrefillPlan::new(e, &problem).py())?;
+                if !lazy {
+                    let key = views_key(&problem.q_view, &problem.k_view, &problem.v_view);
+                    device.get(key, |e| ac::PrefillPlan::new(e, &problem).py())?;
+                }
                 Some(device)
             }
         };
