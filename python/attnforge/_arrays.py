@@ -51,9 +51,7 @@ def describe(x, name):
         return (x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype, device)
     if isinstance(x, np.ndarray):
         if dtype is None:
-            raise ValueError(
-                f"invalid {name}: has dtype {x.dtype}; expected float16 or float32"
-            )
+            raise ValueError(f"invalid {name}: has dtype {x.dtype}; expected float16 or float32")
         size = x.dtype.itemsize
         if any(s % size for s in x.strides):
             raise ValueError(f"invalid {name}: strides {x.strides} are not whole elements")

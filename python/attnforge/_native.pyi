@@ -58,7 +58,9 @@ def merge_state(
     s_out: ArrayArg,
     stream: int,
 ) -> None: ...
-def merge_states(v: ArrayArg, s: ArrayArg, v_out: ArrayArg, s_out: ArrayArg, stream: int) -> None: ...
+def merge_states(
+    v: ArrayArg, s: ArrayArg, v_out: ArrayArg, s_out: ArrayArg, stream: int
+) -> None: ...
 def append_paged_kv(
     k_new: ArrayArg,
     v_new: ArrayArg,

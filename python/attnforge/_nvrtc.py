@@ -7,6 +7,7 @@ When no explicit setting or toolkit is there, this module names the NVRTC wheel 
 interpreter through ``ATTNFORGE_CUDA_HOME``, before the first kernel is compiled.
 """
 
+import contextlib
 import glob
 import os
 import site
@@ -28,10 +29,9 @@ def _has_nvrtc(root):
 
 def _site_dirs():
     dirs = []
-    try:
+    # Some embedded interpreters lack getsitepackages.
+    with contextlib.suppress(AttributeError):
         dirs += site.getsitepackages()
-    except AttributeError:  # some embedded interpreters lack it
-        pass
     dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     return list(dict.fromkeys(dirs))
 

@@ -190,7 +190,8 @@ class _Wrapper:
         if window_left is not None and window_left != planned_window:
             refuse("window_left", window_left, "the window is fixed by plan()")
         cache = _cache_args(paged_kv_cache)
-        self._check_dtypes(q, paged_kv_cache[0] if isinstance(paged_kv_cache, tuple) else paged_kv_cache)
+        pair = isinstance(paged_kv_cache, (tuple, list))
+        self._check_dtypes(q, paged_kv_cache[0] if pair else paged_kv_cache)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
         plan.run(
             A.describe(q, "q"),
@@ -288,16 +289,28 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         index arrays, so that ``run`` only launches."""
         check_common(pos_encoding_mode, rope_scale, rope_theta)
         _refuse_plan_extras(
-            prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
-            fixed_split_size, disable_split_kv,
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
         )
         self._plan_dtype(q_data_type, kv_data_type)
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         kv = A.int_list(kv_indptr, "kv_indptr")
         options = spec(
-            num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, self._dtype, causal,
-            window_left, logits_soft_cap, sm_scale, use_fp16_qk_reduction,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            self._dtype,
+            causal,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            use_fp16_qk_reduction,
             packed_mask(custom_mask, packed_custom_mask, qo, kv),
         )
         native = _native.RaggedPlan(qo, kv, options, self._device)
@@ -399,8 +412,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         """Plans the batch over the page table."""
         check_common(pos_encoding_mode, rope_scale, rope_theta)
         _refuse_plan_extras(
-            prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
-            fixed_split_size, disable_split_kv,
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
         )
         reason = "these arguments feed FlashInfer's trtllm-gen and cuDNN backends"
         refuse_set(
@@ -418,8 +435,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         last = A.int_list(paged_kv_last_page_len, "paged_kv_last_page_len")
         kv = _kv_indptr(indptr, last, int(page_size))
         options = spec(
-            num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, self._dtype, causal,
-            window_left, logits_soft_cap, sm_scale, use_fp16_qk_reduction,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            self._dtype,
+            causal,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            use_fp16_qk_reduction,
             packed_mask(custom_mask, packed_custom_mask, qo, kv),
         )
         native = _native.PagedPlan(
@@ -518,14 +543,25 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         qo = list(range(batch + 1))
         # One query at the last position sees every key: causal only matters for the window.
         options = spec(
-            num_qo_heads, num_kv_heads, head_dim, head_dim, self._dtype,
-            causal=int(window_left) >= 0, window_left=window_left,
-            logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            head_dim,
+            self._dtype,
+            causal=int(window_left) >= 0,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
         )
         native = _native.PagedPlan(
-            qo, page_indptr, A.int_list(indices, "indices"),
-            A.int_list(last_page_len, "last_page_len"), int(page_size), self._kv_layout,
-            options, self._device,
+            qo,
+            page_indptr,
+            A.int_list(indices, "indices"),
+            A.int_list(last_page_len, "last_page_len"),
+            int(page_size),
+            self._kv_layout,
+            options,
+            self._device,
         )
         self._plan = (native, batch, int(num_qo_heads), int(head_dim), int(window_left))
 

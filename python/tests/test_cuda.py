@@ -10,9 +10,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda is not available: no GPU here", allow_module_level=True)
 
-import torch.nn.functional as F  # noqa: E402
-
 import attnforge.flashinfer as fi  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -64,14 +63,18 @@ def test_single_prefill(dtype, causal, kv_layout, head_dim):
     k = torch.randn(kv, hkv, head_dim, dtype=dtype, device=DEV)
     v = torch.randn(kv, hkv, head_dim, dtype=dtype, device=DEV)
     kk, vv = (x.transpose(0, 1).contiguous() for x in (k, v)) if kv_layout == "HND" else (k, v)
-    o, lse = fi.single_prefill_with_kv_cache(q, kk, vv, causal=causal, kv_layout=kv_layout, return_lse=True)
+    o, lse = fi.single_prefill_with_kv_cache(
+        q, kk, vv, causal=causal, kv_layout=kv_layout, return_lse=True
+    )
     assert o.device.type == "cuda" and o.dtype == dtype
     want_o, want_lse = reference(q, k, v, causal=causal)
     check(o, want_o, dtype)
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("cap,window,f16_qk", [(30.0, -1, False), (None, 64, False), (None, -1, True)])
+@pytest.mark.parametrize(
+    "cap,window,f16_qk", [(30.0, -1, False), (None, 64, False), (None, -1, True)]
+)
 def test_single_prefill_variants(cap, window, f16_qk):
     q = torch.randn(200, 4, 128, dtype=torch.float16, device=DEV)
     k = torch.randn(260, 4, 128, dtype=torch.float16, device=DEV)
@@ -177,8 +180,18 @@ def test_decode_and_cuda_graph(layout, window_left, cap):
     batch = len(kv_lens)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, layout)
-    w.plan(indptr, ids, last, hq, hkv, d, page_size, window_left=window_left,
-           logits_soft_cap=cap, q_data_type=torch.bfloat16)
+    w.plan(
+        indptr,
+        ids,
+        last,
+        hq,
+        hkv,
+        d,
+        page_size,
+        window_left=window_left,
+        logits_soft_cap=cap,
+        q_data_type=torch.bfloat16,
+    )
     q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device=DEV)
     out = torch.empty_like(q)
     w.run(q, kv, out=out)  # warm-up outside the graph
@@ -206,7 +219,9 @@ def test_merges_on_the_gpu():
     got_v, got_s = fi.merge_states(v, s)
     torch.testing.assert_close(got_v.double(), want_v, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(got_s.double(), want_s, atol=1e-4, rtol=1e-4)
-    a_v, a_s = fi.merge_state(v[:, 0].contiguous(), s[:, 0].contiguous(), v[:, 1].contiguous(), s[:, 1].contiguous())
+    a_v, a_s = fi.merge_state(
+        v[:, 0].contiguous(), s[:, 0].contiguous(), v[:, 1].contiguous(), s[:, 1].contiguous()
+    )
     b_v, b_s = fi.merge_state(a_v, a_s, v[:, 2].contiguous(), s[:, 2].contiguous())
     torch.testing.assert_close(b_v.double(), want_v, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(b_s.double(), want_s, atol=1e-4, rtol=1e-4)
@@ -222,7 +237,9 @@ def test_append_on_the_gpu():
     batch = torch.repeat_interleave(torch.arange(3), torch.tensor(new)).int().to(DEV)
     pos = torch.cat([torch.arange(o, o + n) for o, n in zip(old, new)]).int().to(DEV)
     before = kv.clone()
-    fi.append_paged_kv_cache(k_new, v_new, batch, pos, kv, ids.to(DEV), indptr.to(DEV), last.to(DEV))
+    fi.append_paged_kv_cache(
+        k_new, v_new, batch, pos, kv, ids.to(DEV), indptr.to(DEV), last.to(DEV)
+    )
     torch.cuda.synchronize()
     start = 0
     for r in range(3):

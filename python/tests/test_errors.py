@@ -1,10 +1,9 @@
 """Unsupported arguments raise NotImplementedError naming them; bad input raises ValueError or
 TypeError carrying the Rust error's message, before anything runs."""
 
+import attnforge.flashinfer as fi
 import numpy as np
 import pytest
-
-import attnforge.flashinfer as fi
 
 rng = np.random.default_rng()
 

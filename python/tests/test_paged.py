@@ -1,10 +1,10 @@
 """The paged wrappers (prefill and decode), append_paged_kv_cache and the merges on the CPU
 backend, against the float64 reference, with fresh random inputs each run."""
 
+import attnforge.flashinfer as fi
 import numpy as np
 import pytest
 
-import attnforge.flashinfer as fi
 from reference import attention, gather_pages
 
 rng = np.random.default_rng()
@@ -83,6 +83,7 @@ def test_append_then_decode():
         k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
         k0, v0 = gather_pages(*before, indptr, ids, last, r, "NHD")
         np.testing.assert_array_equal(k[: old[r]], k0[: old[r]])
+        np.testing.assert_array_equal(v[: old[r]], v0[: old[r]])
         np.testing.assert_array_equal(k[old[r] :], k_new[start : start + new[r]])
         np.testing.assert_array_equal(v[old[r] :], v_new[start : start + new[r]])
         start += new[r]

@@ -1,10 +1,10 @@
 """single_prefill_with_kv_cache and BatchPrefillWithRaggedKVCacheWrapper on the CPU backend,
 against the float64 reference, with fresh random inputs each run."""
 
+import attnforge.flashinfer as fi
 import numpy as np
 import pytest
 
-import attnforge.flashinfer as fi
 from reference import attention
 
 rng = np.random.default_rng()
@@ -16,7 +16,9 @@ def rand(shape, dtype):
 
 
 def close(got, want, dtype):
-    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, atol=TOL[dtype], rtol=TOL[dtype])
+    np.testing.assert_allclose(
+        np.asarray(got, dtype=np.float64), want, atol=TOL[dtype], rtol=TOL[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
@@ -28,7 +30,11 @@ def test_single_prefill(dtype, causal, kv_layout, head_dim):
     q = rand((qo, hq, head_dim), dtype)
     k = rand((kv, hkv, head_dim), dtype)
     v = rand((kv, hkv, head_dim), dtype)
-    kk, vv = (np.ascontiguousarray(np.swapaxes(x, 0, 1)) for x in (k, v)) if kv_layout == "HND" else (k, v)
+    kk, vv = (
+        (np.ascontiguousarray(np.swapaxes(x, 0, 1)) for x in (k, v))
+        if kv_layout == "HND"
+        else (k, v)
+    )
     o, lse = fi.single_prefill_with_kv_cache(
         q, kk, vv, causal=causal, kv_layout=kv_layout, return_lse=True
     )
@@ -44,7 +50,11 @@ def test_single_prefill(dtype, causal, kv_layout, head_dim):
 
 @pytest.mark.parametrize("cap,window,scale", [(30.0, -1, None), (None, 16, None), (5.0, 7, 0.05)])
 def test_single_prefill_variants(cap, window, scale):
-    q, k, v = rand((40, 4, 64), np.float32), rand((64, 4, 64), np.float32), rand((64, 4, 64), np.float32)
+    q, k, v = (
+        rand((40, 4, 64), np.float32),
+        rand((64, 4, 64), np.float32),
+        rand((64, 4, 64), np.float32),
+    )
     o = fi.single_prefill_with_kv_cache(
         q, k, v, causal=True, window_left=window, logits_soft_cap=cap, sm_scale=scale
     )
@@ -68,7 +78,11 @@ def test_single_prefill_custom_mask_and_noncontiguous():
 
 
 def test_fp16_qk_reduction():
-    q, k, v = rand((16, 4, 64), np.float16), rand((24, 4, 64), np.float16), rand((24, 4, 64), np.float16)
+    q, k, v = (
+        rand((16, 4, 64), np.float16),
+        rand((24, 4, 64), np.float16),
+        rand((24, 4, 64), np.float16),
+    )
     o = fi.single_prefill_with_kv_cache(q, k, v, causal=True, use_fp16_qk_reduction=True)
     want, _ = attention(q, k, v, causal=True)
     close(o, want, np.float16)
@@ -84,7 +98,7 @@ def test_batch_ragged(causal):
     k = rand((kv_indptr[-1], hkv, d), np.float16)
     v = rand((kv_indptr[-1], hkv, d), np.float16)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(np.empty(1, np.uint8), "NHD")
-    w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=True if causal else False, q_data_type="float16")
+    w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type="float16")
     out = np.empty((qo_indptr[-1], hq, d), np.float16)
     o, lse = w.run(q, k, v, out=out, return_lse=True)
     assert o is out

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import attnforge.flashinfer as fi  # noqa: E402
+
 from reference import attention  # noqa: E402
 
 
