@@ -94,6 +94,15 @@ def empty(like, shape, float32=False):
     return np.empty(tuple(shape), dtype=np.float32 if float32 else like.dtype)
 
 
+def from_list(like, values):
+    """A float32 1-d array of ``values`` in the library and on the device of ``like``."""
+    if is_torch(like):
+        import torch
+
+        return torch.tensor(values, dtype=torch.float32, device=like.device)
+    return np.asarray(values, dtype=np.float32)
+
+
 def swap01(x):
     """``x`` with its first two axes swapped (a view)."""
     if is_torch(x):

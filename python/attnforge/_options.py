@@ -34,13 +34,16 @@ def refuse_set(**kwargs):
             refuse(key, value, reason)
 
 
-def check_common(pos_encoding_mode="NONE", rope_scale=None, rope_theta=None, backend="auto"):
-    """The arguments shared by every entry point."""
-    if pos_encoding_mode != "NONE":
+def check_common(
+    pos_encoding_mode="NONE", rope_scale=None, rope_theta=None, backend="auto", alibi=False
+):
+    """The arguments shared by every entry point (``alibi``: whether it takes ALiBi)."""
+    allowed = ("NONE", "ALIBI") if alibi else ("NONE",)
+    if pos_encoding_mode not in allowed:
         refuse(
             "pos_encoding_mode",
             pos_encoding_mode,
-            "apply RoPE to q and k before the call; ALiBi is in attnforge's native API only",
+            f"accepted here: {allowed}; RoPE is applied by the caller before the call",
         )
     refuse_set(
         rope_scale=(rope_scale, "attnforge applies no positional encoding"),
@@ -81,24 +84,37 @@ def spec(
     head_dim_qk,
     head_dim_vo,
     dtype,
+    qo_indptr,
+    kv_indptr,
     causal=False,
     window_left=-1,
     logits_soft_cap=None,
     sm_scale=None,
     use_fp16_qk_reduction=False,
-    packed_mask=None,
+    custom_mask=None,
+    packed_custom_mask=None,
+    alibi_slopes=None,
 ):
-    """The native problem options."""
+    """The native problem options of a batch (``qo_indptr``, ``kv_indptr`` as lists)."""
     window_left = int(window_left)
-    if window_left >= 0 and not causal:
-        refuse(
-            "window_left",
-            window_left,
-            "attnforge's sliding window is causal: pass causal=True with it",
-        )
+    if window_left < -1:
+        raise ValueError(f"invalid window_left: is {window_left}; expected -1 or >= 0")
+    packed = None
+    masks = _custom_masks(custom_mask, packed_custom_mask, qo_indptr, kv_indptr)
+    if masks is not None or (window_left >= 0 and not causal):
+        # attnforge's sliding window is causal: a window over a custom mask or without
+        # causal=True becomes part of a custom mask (FlashInfer ignores causal with a custom mask).
+        if masks is None:
+            masks = [np.ones((q, k), dtype=bool) for q, k in _lens(qo_indptr, kv_indptr)]
+        if window_left >= 0:
+            masks = [m & _window(m.shape, window_left) for m in masks]
+        packed = _pack(masks)
+        causal, window_left = False, -1
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim_qk)
     cap = None if logits_soft_cap is None or logits_soft_cap <= 0 else float(logits_soft_cap)
+    if cap is not None and alibi_slopes is not None:
+        refuse("logits_soft_cap", logits_soft_cap, "attnforge does not combine it with ALiBi")
     return {
         "num_qo_heads": int(num_qo_heads),
         "num_kv_heads": int(num_kv_heads),
@@ -108,35 +124,75 @@ def spec(
         "causal": bool(causal),
         "window_left": window_left,
         "soft_cap": cap,
+        "alibi_slopes": alibi_slopes,
         "sm_scale": float(sm_scale),
         "f16_qk": bool(use_fp16_qk_reduction),
-        "packed_mask": packed_mask,
+        "packed_mask": packed,
     }
 
 
-def packed_mask(custom_mask, packed_custom_mask, qo_indptr, kv_indptr):
-    """``(packed bytes, byte offsets per request)`` from FlashInfer's custom mask arguments
-    (``packed_custom_mask`` wins when both are given, as in FlashInfer), or ``None``."""
-    if custom_mask is None and packed_custom_mask is None:
-        return None
-    lens = [
-        (qo_indptr[r + 1] - qo_indptr[r]) * (kv_indptr[r + 1] - kv_indptr[r])
+def alibi_slopes(num_heads):
+    """FlashInfer's ALiBi slopes: a geometric series from ``2^(-8/n)`` over the largest power of
+    two ``n <= num_heads``, then the odd powers of ``2^(-4/n)`` for the remaining heads."""
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 / n * i) for i in range(1, n + 1)]
+    slopes += [2.0 ** (-4.0 / n * i) for i in range(1, 2 * (num_heads - n), 2)]
+    return slopes
+
+
+def _lens(qo_indptr, kv_indptr):
+    return [
+        (qo_indptr[r + 1] - qo_indptr[r], kv_indptr[r + 1] - kv_indptr[r])
         for r in range(len(qo_indptr) - 1)
     ]
+
+
+def _window(shape, window_left):
+    """Keys a query sees under a left window (bottom-right aligned, as the causal mask)."""
+    qo, kv = shape
+    i = np.arange(qo)[:, None] + (kv - qo)
+    j = np.arange(kv)[None, :]
+    return j >= i - window_left
+
+
+def _pack(masks):
+    """Packs boolean matrices, one per request, each padded to whole bytes (little bit order)."""
+    segments = [np.packbits(m.reshape(-1), bitorder="little").tobytes() for m in masks]
     offsets = [0]
-    for n in lens:
-        offsets.append(offsets[-1] + (n + 7) // 8)
+    for seg in segments:
+        offsets.append(offsets[-1] + len(seg))
+    return (b"".join(segments), offsets)
+
+
+def _custom_masks(custom_mask, packed_custom_mask, qo_indptr, kv_indptr):
+    """One boolean ``[qo_len, kv_len]`` matrix per request from FlashInfer's custom mask
+    arguments (``packed_custom_mask`` wins when both are given, as in FlashInfer), or ``None``."""
+    if custom_mask is None and packed_custom_mask is None:
+        return None
+    lens = _lens(qo_indptr, kv_indptr)
+    total = sum(q * k for q, k in lens)
     if packed_custom_mask is not None:
-        return (_arrays.uint8_bytes(packed_custom_mask), offsets)
+        packed = np.frombuffer(_arrays.uint8_bytes(packed_custom_mask), dtype=np.uint8)
+        need = sum((q * k + 7) // 8 for q, k in lens)
+        if packed.size < need:
+            raise ValueError(
+                f"invalid packed_custom_mask: has {packed.size} bytes; the requests need {need}"
+            )
+        masks, start = [], 0
+        for q, k in lens:
+            nbytes = (q * k + 7) // 8
+            bits = np.unpackbits(packed[start : start + nbytes], bitorder="little")
+            masks.append(bits[: q * k].astype(bool).reshape(q, k))
+            start += nbytes
+        return masks
     bits = _arrays.bool_numpy(custom_mask).reshape(-1)
-    if bits.size != sum(lens):
+    if bits.size != total:
         raise ValueError(
-            f"invalid custom_mask: has {bits.size} elements; the requests need {sum(lens)}"
+            f"invalid custom_mask: has {bits.size} elements; the requests need {total}"
             " (the sum of qo_len * kv_len)"
         )
-    segments = []
-    start = 0
-    for n in lens:
-        segments.append(np.packbits(bits[start : start + n], bitorder="little").tobytes())
-        start += n
-    return (b"".join(segments), offsets)
+    masks, start = [], 0
+    for q, k in lens:
+        masks.append(bits[start : start + q * k].reshape(q, k))
+        start += q * k
+    return masks

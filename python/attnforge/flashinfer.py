@@ -17,7 +17,7 @@ import functools
 
 from . import _arrays as A
 from . import _native
-from ._options import check_common, check_run, dtype_code, packed_mask, refuse, refuse_set, spec
+from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
 
 __all__ = [
     "single_prefill_with_kv_cache",
@@ -96,7 +96,7 @@ def single_prefill_with_kv_cache(
     """Attention of one request: ``q [qo_len, Hq, Dqk]`` over ``k``, ``v`` (``[kv_len, Hkv, D]``
     for NHD, ``[Hkv, kv_len, D]`` for HND). Returns ``o [qo_len, Hq, Dvo]``, or ``(o, lse)``
     with the base-2 LSE ``[qo_len, Hq]`` when ``return_lse``."""
-    check_common(pos_encoding_mode, rope_scale, rope_theta, backend)
+    check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
     refuse_set(
         scale_q=(scale_q, "fp8 inputs are not supported yet"),
         scale_k=(scale_k, "fp8 inputs are not supported yet"),
@@ -114,22 +114,32 @@ def single_prefill_with_kv_cache(
     kv_len, num_kv_heads, _ = k.shape
     head_dim_vo = v.shape[2]
     qo_indptr, kv_indptr = [0, int(qo_len)], [0, int(kv_len)]
+    slopes = alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None
     options = spec(
         num_qo_heads,
         num_kv_heads,
         head_dim_qk,
         head_dim_vo,
         A.dtype_name(q),
+        qo_indptr,
+        kv_indptr,
         causal,
         window_left,
         logits_soft_cap,
         sm_scale,
         use_fp16_qk_reduction,
-        packed_mask(custom_mask, packed_custom_mask, qo_indptr, kv_indptr),
+        custom_mask,
+        packed_custom_mask,
+        slopes,
     )
     plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q), lazy=True)
     out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
     _run_ragged(plan, q, k, v, out, lse)
+    if lse is not None and slopes is not None:
+        # attnforge's ALiBi bias is slope * (j - (i + kv_len - qo_len)), FlashInfer's
+        # slope * (j - i): the same softmax, and LSEs apart by slope * (kv_len - qo_len).
+        shift = A.from_list(lse, [s * (kv_len - qo_len) for s in slopes])
+        lse += shift
     return _finish(out, lse, return_lse)
 
 
@@ -306,12 +316,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             head_dim_qk,
             head_dim_vo,
             self._dtype,
+            qo,
+            kv,
             causal,
             window_left,
             logits_soft_cap,
             sm_scale,
             use_fp16_qk_reduction,
-            packed_mask(custom_mask, packed_custom_mask, qo, kv),
+            custom_mask,
+            packed_custom_mask,
         )
         native = _native.RaggedPlan(qo, kv, options, self._device)
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
@@ -440,12 +453,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             head_dim_qk,
             head_dim_vo,
             self._dtype,
+            qo,
+            kv,
             causal,
             window_left,
             logits_soft_cap,
             sm_scale,
             use_fp16_qk_reduction,
-            packed_mask(custom_mask, packed_custom_mask, qo, kv),
+            custom_mask,
+            packed_custom_mask,
         )
         native = _native.PagedPlan(
             qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
@@ -548,6 +564,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             head_dim,
             head_dim,
             self._dtype,
+            qo,
+            _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size)),
             causal=int(window_left) >= 0,
             window_left=window_left,
             logits_soft_cap=logits_soft_cap,

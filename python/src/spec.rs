@@ -28,6 +28,8 @@ pub struct AttnSpec {
     pub window_left: i64,
     /// Logit soft cap, if any.
     pub soft_cap: Option<f32>,
+    /// ALiBi slopes, one per query head, if any (never together with a soft cap).
+    pub alibi_slopes: Option<Vec<f32>>,
     /// Scale of the dot product.
     pub sm_scale: f32,
     /// f16 QK accumulation.
@@ -73,11 +75,19 @@ impl AttnSpec {
         })
     }
 
-    fn variant(&self) -> Variant {
-        match self.soft_cap {
-            Some(cap) => Variant::SoftCap { cap },
-            None => Variant::None,
-        }
+    fn variant(&self) -> PyResult<Variant> {
+        Ok(match (self.soft_cap, &self.alibi_slopes) {
+            (Some(_), Some(_)) => {
+                return Err(unsupported(
+                    "logits_soft_cap with ALiBi: a problem has one logits transform",
+                ))
+            }
+            (Some(cap), None) => Variant::SoftCap { cap },
+            (None, Some(slopes)) => Variant::Alibi {
+                slopes: slopes.clone(),
+            },
+            (None, None) => Variant::None,
+        })
     }
 
     /// Sets mask, variant, scale and accumulation on `p`.
@@ -88,7 +98,7 @@ impl AttnSpec {
             QkAccum::F32
         };
         Ok(p.with_mask(self.mask()?)
-            .with_variant(self.variant())
+            .with_variant(self.variant()?)
             .with_sm_scale(self.sm_scale)
             .with_qk_accum(accum))
     }

@@ -5,9 +5,13 @@ GQA, and the base-2 LSE."""
 import numpy as np
 
 
-def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None):
+def attention(
+    q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None, alibi=None
+):
     """``q [qo, Hq, D]``, ``k``/``v [kv, Hkv, D]`` (NHD), any float dtype. Returns ``(o, lse)``
-    in float64, ``lse`` base 2; a row that sees no key has ``o = 0`` and ``lse = -inf``."""
+    in float64, ``lse`` base 2; a row that sees no key has ``o = 0`` and ``lse = -inf``.
+    ``mask`` (bool ``[qo, kv]``) combines with ``window_left`` but replaces ``causal``;
+    ``alibi`` (slopes per query head) adds ``slope * (j - i)``, ``i`` the query's index."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     qo, hq, d = q.shape
     kv, hkv, _ = k.shape
@@ -20,15 +24,16 @@ def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=Non
     visible = np.ones((qo, kv), dtype=bool)
     if mask is not None:
         visible = np.asarray(mask, dtype=bool).reshape(qo, kv)
-    else:
-        if causal:
-            visible &= j <= i
-        if window_left >= 0:
-            visible &= j >= i - window_left
+    elif causal:
+        visible &= j <= i
+    if window_left >= 0:
+        visible &= j >= i - window_left
     for h in range(hq):
         s = q[:, h, :] @ k[:, h // group, :].T * scale
         if soft_cap:
             s = soft_cap * np.tanh(s / soft_cap)
+        if alibi is not None:
+            s = s + alibi[h] * (j - np.arange(qo)[:, None])
         s = np.where(visible, s, -np.inf)
         m = s.max(axis=1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)

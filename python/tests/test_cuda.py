@@ -28,7 +28,9 @@ def visible(qo, kv, causal, window_left):
     return m
 
 
-def reference(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None):
+def reference(
+    q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None, alibi=None
+):
     """float64 ``(o, lse base 2)`` of one request, NHD; SDPA when there is no soft cap."""
     qo, hq, d = q.shape
     kv, hkv, _ = k.shape
@@ -40,9 +42,12 @@ def reference(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=Non
     s = q64 @ k64.transpose(1, 2) * scale
     if soft_cap:
         s = soft_cap * torch.tanh(s / soft_cap)
+    if alibi is not None:
+        j_minus_i = torch.arange(kv, device=DEV)[None, :] - torch.arange(qo, device=DEV)[:, None]
+        s = s + torch.tensor(alibi, dtype=torch.float64, device=DEV)[:, None, None] * j_minus_i
     s = s.masked_fill(~m, float("-inf"))
     lse = torch.logsumexp(s, dim=-1).transpose(0, 1) / math.log(2.0)
-    if soft_cap is None:
+    if soft_cap is None and alibi is None:
         o = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=m, scale=scale)
     else:
         o = torch.softmax(s, dim=-1) @ v64
@@ -83,6 +88,23 @@ def test_single_prefill_variants(cap, window, f16_qk):
         q, k, v, causal=True, window_left=window, logits_soft_cap=cap, use_fp16_qk_reduction=f16_qk
     )
     want, _ = reference(q, k, v, causal=True, window_left=window, soft_cap=cap)
+    check(o, want, torch.float16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_and_non_causal_window(causal):
+    q = torch.randn(90, 8, 128, dtype=torch.float16, device=DEV)
+    k = torch.randn(150, 8, 128, dtype=torch.float16, device=DEV)
+    v = torch.randn(150, 8, 128, dtype=torch.float16, device=DEV)
+    slopes = [2.0 ** (-i) for i in range(1, 9)]
+    o, lse = fi.single_prefill_with_kv_cache(
+        q, k, v, causal=causal, pos_encoding_mode="ALIBI", return_lse=True
+    )
+    want_o, want_lse = reference(q, k, v, causal=causal, alibi=slopes)
+    check(o, want_o, torch.float16)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
+    o = fi.single_prefill_with_kv_cache(q, k, v, causal=causal, window_left=40)
+    want, _ = reference(q, k, v, causal=causal, window_left=40)
     check(o, want, torch.float16)
 
 

@@ -25,7 +25,7 @@ def qkv(qo=8, kv=16, hq=4, hkv=2, d=64, dtype=np.float16):
         ({"scale_q": np.ones(4, np.float32)}, "scale_q"),
         ({"o_dtype": "float32"}, "o_dtype"),
         ({"backend": "trtllm-gen"}, "backend"),
-        ({"window_left": 4}, "window_left"),
+        ({"pos_encoding_mode": "ALIBI", "logits_soft_cap": 30.0}, "logits_soft_cap"),
     ],
 )
 def test_single_prefill_refuses(kwargs, name):
@@ -41,6 +41,8 @@ def test_wrappers_refuse():
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(NotImplementedError, match="kv_data_type"):
         w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type="float16", kv_data_type="bfloat16")
+    with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
+        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ALIBI")
     with pytest.raises(NotImplementedError, match="fixed_split_size"):
         w.plan([0, 8], [0, 16], 4, 2, 64, fixed_split_size=128)
     w.plan([0, 8], [0, 16], 4, 2, 64)

@@ -110,3 +110,35 @@ def test_batch_ragged(causal):
     # run_return_lse is run(return_lse=True).
     o2, _ = w.run_return_lse(q, k, v)
     np.testing.assert_array_equal(o2, o)
+
+
+def test_non_causal_window_and_window_over_a_custom_mask():
+    q, k, v = (
+        rand((30, 4, 64), np.float16),
+        rand((50, 2, 64), np.float16),
+        rand((50, 2, 64), np.float16),
+    )
+    o = fi.single_prefill_with_kv_cache(q, k, v, window_left=9)
+    want, _ = attention(q, k, v, window_left=9)
+    close(o, want, np.float16)
+    mask = rng.random((30, 50)) < 0.8
+    packed = np.packbits(mask.reshape(-1), bitorder="little")
+    o2 = fi.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, window_left=12)
+    want2, _ = attention(q, k, v, mask=mask, window_left=12)
+    close(o2, want2, np.float16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_heads", [8, 12])
+def test_alibi(causal, num_heads):
+    q = rand((33, num_heads, 128), np.float32)
+    k, v = rand((70, num_heads, 128), np.float32), rand((70, num_heads, 128), np.float32)
+    o, lse = fi.single_prefill_with_kv_cache(
+        q, k, v, causal=causal, pos_encoding_mode="ALIBI", return_lse=True
+    )
+    n = 2 ** int(np.floor(np.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    slopes += [2.0 ** (-4.0 * i / n) for i in range(1, 2 * (num_heads - n), 2)]
+    want_o, want_lse = attention(q, k, v, causal=causal, alibi=slopes)
+    close(o, want_o, np.float32)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
