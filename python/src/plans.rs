@@ -192,8 +192,10 @@ impl RaggedPlan {
     /// Runs on `q [total_qo, Hq, Dqk]`, `k [total_kv, Hkv, Dqk]`, `v [total_kv, Hkv, Dvo]` into
     /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
     #[pyo3(signature = (q, k, v, o, lse, stream))]
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
+        py: Python<'_>,
         q: ArrayArg,
         k: ArrayArg,
         v: ArrayArg,
@@ -224,7 +226,8 @@ impl RaggedPlan {
         let on = gpu::common_device(&arrays)?;
         check_outputs(p, &o, lse.as_ref(), on.is_some())?;
         match (&self.device, on) {
-            (None, None) => {
+            // The CPU backend runs without the GIL (the arrays stay referenced by the caller).
+            (None, None) => py.detach(|| {
                 let mut p = p.clone();
                 p.return_lse = lse.is_some();
                 let out = attnforge::cpu::attention(
@@ -235,7 +238,7 @@ impl RaggedPlan {
                 )
                 .py()?;
                 write_host(&out, &o, lse.as_ref())
-            }
+            }),
             (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
                 let (qv, kv_, vv) = (view(&q, "q")?, view(&k, "k")?, view(&v, "v")?);
                 let plan = device.get(views_key(&qv, &kv_, &vv), |e| {
@@ -365,6 +368,7 @@ impl PagedPlan {
     #[pyo3(signature = (q, cache, o, lse, stream))]
     fn run(
         &self,
+        py: Python<'_>,
         q: ArrayArg,
         cache: Vec<ArrayArg>,
         o: ArrayArg,
@@ -425,14 +429,16 @@ impl PagedPlan {
         match (&self.device, on) {
             (None, None) => {
                 let paged = self.paged(layout, p.q_view, lse.is_some())?;
-                let buffers = cache::read_host(&cache)?;
-                let out = attnforge::cpu::paged_attention(
-                    &paged,
-                    &q.read_host("q")?,
-                    cache::host_view(&buffers),
-                )
-                .py()?;
-                write_host(&out, &o, lse.as_ref())
+                py.detach(|| {
+                    let buffers = cache::read_host(&cache)?;
+                    let out = attnforge::cpu::paged_attention(
+                        &paged,
+                        &q.read_host("q")?,
+                        cache::host_view(&buffers),
+                    )
+                    .py()?;
+                    write_host(&out, &o, lse.as_ref())
+                })
             }
             (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
                 for (i, a) in cache.iter().enumerate() {
