@@ -130,7 +130,7 @@ impl ArrayArg {
         if self.device().is_some() {
             return Err(invalid(name, "is on a CUDA device; expected host memory"));
         }
-        Ok(())
+        self.check(name, self.1.len())
     }
 
     /// Reads a host array into a contiguous tensor (row-major over the shape).
