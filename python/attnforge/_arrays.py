@@ -103,6 +103,15 @@ def from_list(like, values):
     return np.asarray(values, dtype=np.float32)
 
 
+def int32_array(like, values):
+    """An int32 1-d array of ``values`` in the library and on the device of ``like``."""
+    if is_torch(like):
+        import torch
+
+        return torch.tensor(values, dtype=torch.int32, device=like.device)
+    return np.asarray(values, dtype=np.int32)
+
+
 def swap01(x):
     """``x`` with its first two axes swapped (a view)."""
     if is_torch(x):

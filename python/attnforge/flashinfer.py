@@ -29,6 +29,8 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
 ]
 
 
@@ -729,3 +731,29 @@ def append_paged_kv_cache(
         last,
         A.stream_of(append_key),
     )
+
+
+def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
+    """Keys per request of a page table: ``max(pages - 1, 0) * page_size + last_page_len``."""
+    return (kv_indptr[1:] - kv_indptr[:-1] - 1).clip(min=0) * page_size + kv_last_page_len
+
+
+def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+    """For each of the ``nnz`` new tokens of a ragged batch (``append_indptr``), its request and
+    its position: request ``r``'s new tokens are the last ones of its ``seq_lens[r]`` keys.
+    Returns int32 ``(batch_indices, positions)`` like ``append_indptr``."""
+    indptr = A.int_list(append_indptr, "append_indptr")
+    lens = A.int_list(seq_lens, "seq_lens")
+    if len(lens) != len(indptr) - 1:
+        raise ValueError(
+            f"invalid seq_lens: has {len(lens)} entries; append_indptr describes"
+            f" {len(indptr) - 1} requests"
+        )
+    batch, positions = [], []
+    for r in range(len(lens)):
+        n = indptr[r + 1] - indptr[r]
+        batch += [r] * n
+        positions += range(lens[r] - n, lens[r])
+    if len(batch) != nnz:
+        raise ValueError(f"invalid nnz: is {nnz}; append_indptr holds {len(batch)} tokens")
+    return A.int32_array(append_indptr, batch), A.int32_array(append_indptr, positions)

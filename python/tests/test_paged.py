@@ -75,8 +75,14 @@ def test_append_then_decode():
     cache, (ck, cv), ids, indptr, last = make_cache(total, page_size, hkv, d, "NHD", False)
     before = (ck.copy(), cv.copy())
     k_new, v_new = rand((sum(new), hkv, d)), rand((sum(new), hkv, d))
-    batch = np.repeat(np.arange(3), new).astype(np.int32)
-    pos = np.concatenate([np.arange(o, o + n) for o, n in zip(old, new)]).astype(np.int32)
+    seq_lens = fi.get_seq_lens(indptr, last, page_size)
+    np.testing.assert_array_equal(seq_lens, total)
+    append_indptr = np.cumsum([0, *new]).astype(np.int32)
+    batch, pos = fi.get_batch_indices_positions(append_indptr, seq_lens, sum(new))
+    np.testing.assert_array_equal(batch, np.repeat(np.arange(3), new))
+    np.testing.assert_array_equal(
+        pos, np.concatenate([np.arange(o, o + n) for o, n in zip(old, new)])
+    )
     fi.append_paged_kv_cache(k_new, v_new, batch, pos, cache, ids, indptr, last, "NHD")
     start = 0
     for r in range(3):
