@@ -256,8 +256,11 @@ def test_append_on_the_gpu():
     kv, ids, indptr, last = paged_cache(total, page_size, hkv, d, "NHD")
     k_new = torch.randn(sum(new), hkv, d, dtype=torch.float16, device=DEV)
     v_new = torch.randn(sum(new), hkv, d, dtype=torch.float16, device=DEV)
-    batch = torch.repeat_interleave(torch.arange(3), torch.tensor(new)).int().to(DEV)
-    pos = torch.cat([torch.arange(o, o + n) for o, n in zip(old, new)]).int().to(DEV)
+    indptr_d, last_d = indptr.to(DEV), last.to(DEV)
+    seq_lens = fi.get_seq_lens(indptr_d, last_d, page_size)
+    append_indptr = torch.tensor([0, *new], device=DEV).cumsum(0).int()
+    batch, pos = fi.get_batch_indices_positions(append_indptr, seq_lens, sum(new))
+    assert batch.device.type == "cuda" and batch.dtype == torch.int32
     before = kv.clone()
     fi.append_paged_kv_cache(
         k_new, v_new, batch, pos, kv, ids.to(DEV), indptr.to(DEV), last.to(DEV)
