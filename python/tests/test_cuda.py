@@ -249,6 +249,20 @@ def test_merges_on_the_gpu():
     torch.testing.assert_close(b_s.double(), want_s, atol=1e-4, rtol=1e-4)
 
 
+def test_merge_state_in_place_with_mask():
+    seq, h, d = 40, 4, 64
+    v, v_other = (torch.randn(seq, h, d, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    s, s_other = (torch.randn(seq, h, dtype=torch.float32, device=DEV) for _ in range(2))
+    mask = torch.rand(seq, device=DEV) < 0.5
+    want_v, want_s = fi.merge_state(v, s, v_other, s_other)
+    v0, s0 = v.clone(), s.clone()
+    fi.merge_state_in_place(v, s, v_other, s_other, mask=mask)
+    torch.testing.assert_close(v[mask], want_v[mask], atol=0, rtol=0)
+    torch.testing.assert_close(s[mask], want_s[mask], atol=0, rtol=0)
+    torch.testing.assert_close(v[~mask], v0[~mask], atol=0, rtol=0)
+    torch.testing.assert_close(s[~mask], s0[~mask], atol=0, rtol=0)
+
+
 def test_append_on_the_gpu():
     page_size, hkv, d = 16, 4, 128
     old, new = [10, 0, 31], [7, 20, 1]
