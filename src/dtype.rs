@@ -27,6 +27,16 @@ impl DType {
         }
     }
 
+    /// The bit pattern of this type's quiet NaN, in the low `8 * size_bytes()` bits: what
+    /// poisoned outputs are filled with (f16 `0x7E00`, bf16 `0x7FC0`, f32 `0x7FC0_0000`).
+    pub fn nan_bits(self) -> u32 {
+        match self {
+            DType::F16 => u32::from(f16::NAN.to_bits()),
+            DType::Bf16 => u32::from(bf16::NAN.to_bits()),
+            DType::F32 => f32::NAN.to_bits(),
+        }
+    }
+
     /// Short lowercase name, as used on the command line and in kernel names.
     pub fn name(self) -> &'static str {
         match self {

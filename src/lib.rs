@@ -11,13 +11,26 @@
 //! | compiled kernel | CUBIN from NVRTC, cached on disk | `jit` |
 //! | launch plan and run | device buffers, streams | `cuda` |
 //! | paged KV cache (host side) | layout, page table, gather, append | `paged` |
-//! | benchmark shapes, FLOP and byte counts | shared with the peers' script | [`shapes`] |
-//! | correctness suite runner | cases against the reference | [`verify`] |
 //!
 //! `docs/semantics.md` defines every formula; the reference is its executable form and the oracle
 //! of every test.
+//!
+//! # The `harness` feature
+//!
+//! The correctness harness is not part of the default API: the CLI (`cli/`) and this package's
+//! tests build the library with the `harness` feature, which adds
+//!
+//! | module | job |
+//! |---|---|
+//! | `testing` | the shared case list and its inputs |
+//! | `verify` | running the case list through a backend against the exact reference |
+//! | `compare` | comparing outputs, with the tolerance of each dtype |
+//! | `shapes` | the benchmark shapes, FLOP and byte counts (shared with the peers' script) |
+//!
+//! and the backends the suite drives, `cpu::CpuBackend` and `cuda::CudaBackend`.
 
 pub mod codegen;
+#[cfg(feature = "harness")]
 pub mod compare;
 pub mod cpu;
 pub mod cuda;
@@ -29,9 +42,12 @@ pub mod output;
 pub mod paged;
 pub mod problem;
 pub mod reference;
+#[cfg(feature = "harness")]
 pub mod shapes;
 pub mod tensor;
+#[cfg(feature = "harness")]
 pub mod testing;
+#[cfg(feature = "harness")]
 pub mod verify;
 
 pub use dtype::DType;

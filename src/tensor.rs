@@ -28,8 +28,14 @@ impl HostTensor {
     }
 
     /// A tensor of `len` elements, all NaN (used to poison outputs before a run).
+    /// Built in `dtype` directly; device buffers are poisoned on the device
+    /// (`cuda::DeviceTensor::nan`).
     pub fn nan(dtype: DType, len: usize) -> HostTensor {
-        HostTensor::from_f32(dtype, &vec![f32::NAN; len])
+        match dtype {
+            DType::F16 => HostTensor::F16(vec![f16::NAN; len]),
+            DType::Bf16 => HostTensor::Bf16(vec![bf16::NAN; len]),
+            DType::F32 => HostTensor::F32(vec![f32::NAN; len]),
+        }
     }
 
     /// The element type.
@@ -85,6 +91,37 @@ impl HostTensor {
             HostTensor::F16(v) => bytes(v),
             HostTensor::Bf16(v) => bytes(v),
             HostTensor::F32(v) => bytes(v),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_bits_are_the_quiet_nan_of_each_dtype() {
+        assert_eq!(DType::F16.nan_bits(), 0x7E00);
+        assert_eq!(DType::Bf16.nan_bits(), 0x7FC0);
+        assert_eq!(DType::F32.nan_bits(), 0x7FC0_0000);
+        assert!(f16::from_bits(DType::F16.nan_bits() as u16).is_nan());
+        assert!(bf16::from_bits(DType::Bf16.nan_bits() as u16).is_nan());
+        assert!(f32::from_bits(DType::F32.nan_bits()).is_nan());
+    }
+
+    // The device fill (`cuda::DeviceTensor::nan`) writes `nan_bits` per element: the same bytes
+    // as the host tensor.
+    #[test]
+    fn a_nan_tensor_holds_the_nan_bits_of_its_dtype() {
+        for dtype in [DType::F16, DType::Bf16, DType::F32] {
+            let t = HostTensor::nan(dtype, 3);
+            assert_eq!(t.dtype(), dtype);
+            assert_eq!(t.len(), 3);
+            let size = dtype.size_bytes();
+            let pattern = &dtype.nan_bits().to_le_bytes()[..size];
+            for element in t.as_bytes().chunks_exact(size) {
+                assert_eq!(element, pattern, "{dtype}");
+            }
         }
     }
 }

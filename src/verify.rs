@@ -91,6 +91,26 @@ pub trait Backend {
         shape: MergeShape,
         states: &[(HostTensor, Vec<f32>)],
     ) -> Result<(HostTensor, Vec<f32>), Error>;
+    /// Checks of the backend itself beside the case list, each judged like a case and named
+    /// under [`SELF_CHECK`]; none by default. `small` is a small case a check may run (the CUDA
+    /// backend: a buffer beyond the GPU's memory is refused with an error naming its size, then
+    /// `small` runs and passes).
+    fn self_checks(&self, small: &Case) -> Vec<CaseResult> {
+        let _ = small;
+        Vec::new()
+    }
+}
+
+/// The name prefix of the backends' self-checks ([`Backend::self_checks`]).
+pub const SELF_CHECK: &str = "self-check/";
+
+/// The case of least reference work among `cases` that reads a ragged K/V (the one a
+/// self-check runs).
+pub fn smallest_case(cases: &[Case]) -> Option<&Case> {
+    cases
+        .iter()
+        .filter(|c| c.paged.is_none())
+        .min_by_key(|c| reference_work(&c.problem))
 }
 
 /// The verdict on one case.
@@ -552,5 +572,19 @@ mod tests {
         };
         let summary = run_cases(&passing, &cases, |_| {});
         assert_eq!((summary.passed, summary.not_run), (3, 0));
+    }
+
+    #[test]
+    fn the_smallest_case_reads_ragged_kv_and_has_the_least_work() {
+        let all = cases(Suite::Quick, 1, &CpuBackend::detect().caps());
+        let small = smallest_case(&all).expect("a ragged case");
+        assert!(small.paged.is_none());
+        let least = all
+            .iter()
+            .filter(|c| c.paged.is_none())
+            .map(|c| reference_work(&c.problem))
+            .min();
+        assert_eq!(Some(reference_work(&small.problem)), least);
+        assert!(CpuBackend::detect().self_checks(small).is_empty());
     }
 }

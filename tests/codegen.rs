@@ -271,8 +271,8 @@ fn tiles_round_trip_through_their_labels() {
 
 #[test]
 fn head_dim_128_computes_whole_64_key_tiles_with_either_qk_accumulation() {
-    // The 64-key tile measured faster than 32-key sub-tiles with f32 accumulators too
-    // (docs/perf-notes.md, session 5 run 1); no head dim depends on the accumulation today.
+    // The 64-key tile measured faster than 32-key sub-tiles with f32 accumulators too (`attnforge
+    // bench --filter d128` with `--tile` of each); no head dim depends on the accumulation today.
     let labels = |dims: HeadDims, accum| -> Vec<String> {
         TileConfig::candidates(dims, accum, KvCache::Ragged)
             .iter()

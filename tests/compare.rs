@@ -124,7 +124,8 @@ fn f16_accumulation_widens_only_the_lse_bound() {
     let f16_tol = Tolerance::for_problem(&p.clone().with_qk_accum(QkAccum::F16));
     assert_eq!(f16_tol.rel_l2, f32_tol.rel_l2);
     assert!((f16_tol.lse_abs - f32_tol.lse_abs - 1.0 / 512.0).abs() < 1e-12);
-    // A one-key row's LSE off by 1.4e-3 (session 18's case): beyond f32 accumulation's bound,
+    // A one-key row's LSE off by 1.4e-3 (measured on an H200 with f16 accumulation, head dim
+    // 256, seed 212): beyond f32 accumulation's bound,
     // within f16's; 3.5e-3 is beyond both.
     let row = r
         .lse

@@ -20,6 +20,7 @@
 //! | `block` | one block from start to finish |
 //! | `isa` | per-instruction-set instantiations and the runtime choice |
 
+#[cfg(feature = "harness")]
 mod backend;
 mod block;
 mod f16_accum;
@@ -29,6 +30,7 @@ mod paged;
 mod softmax;
 mod tile;
 
+#[cfg(feature = "harness")]
 pub use backend::CpuBackend;
 pub use isa::Isa;
 pub use paged::paged_attention;

@@ -7,8 +7,9 @@
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
-use super::error::{CudaError, DriverContext};
+use super::error::CudaError;
 use super::launch::{launch_1d, Launch1d};
+use super::memory;
 use super::paged::{cache_strides, DevicePagedKv};
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
@@ -89,8 +90,7 @@ impl Engine {
             .map(|&l| l as i32)
             .collect();
         // On the launch's stream: their stream-ordered frees then follow the kernel.
-        let upload =
-            |data: &[i32], what: &str| stream.clone_htod(data).during(format!("uploading {what}"));
+        let upload = |data: &[i32], what: &str| memory::upload(stream, data, what);
         let append_indptr_d = upload(append_indptr, "append_indptr")?;
         let kv_len_d = upload(&kv_len, "kv_len")?;
         let page_indptr_d = upload(&table.kv_page_indptr, "kv_page_indptr")?;

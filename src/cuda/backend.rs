@@ -3,21 +3,23 @@
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
+use super::error::CudaError;
 use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::{plan_arch, PlanOptions};
-use super::schedule::{choose_tile_on, widest_row_tile_on, SplitChoice};
+use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
 use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::{Arch, CompileOptions};
 use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedKv};
-use crate::problem::{AttentionProblem, InvalidProblem};
+use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
-use crate::verify::Backend;
+use crate::verify::{run_case, Backend, CaseResult, Oracle, SELF_CHECK};
 use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// Runs each problem through [`Engine::prefill_host_with_options`] (outputs poisoned with NaN
 /// first).
@@ -119,6 +121,40 @@ impl CudaBackend {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+
+    /// Asks for NaN buffers the GPU cannot hold: one of as many f16 elements as it has bytes
+    /// (twice its memory), one halfway between its free and its total memory (the driver's
+    /// out-of-memory error). `Ok` with the errors' messages when both are refused with
+    /// [`CudaError::OutOfMemory`] naming the size asked, else what happened instead.
+    fn refuses_oversized_buffers(&self) -> Result<Vec<String>, String> {
+        let (free, total) = self
+            .engine
+            .context()
+            .mem_get_info()
+            .map_err(|e| format!("cuMemGetInfo failed: {e}"))?;
+        let size = DType::F16.size_bytes();
+        [total * size, free + (total - free) / 2]
+            .into_iter()
+            .map(|bytes| {
+                let len = bytes / size;
+                match DeviceTensor::nan(self.engine.stream(), DType::F16, len) {
+                    Ok(_) => Err(format!(
+                        "a buffer of {} bytes was allocated with {free} of {total} bytes free",
+                        len * size
+                    )),
+                    Err(e @ CudaError::OutOfMemory { requested, .. })
+                        if requested == len * size =>
+                    {
+                        Ok(e.to_string())
+                    }
+                    Err(e) => Err(format!(
+                        "a buffer of {} bytes: expected an out-of-memory error, got: {e}",
+                        len * size
+                    )),
+                }
+            })
+            .collect()
+    }
 }
 
 impl Backend for CudaBackend {
@@ -158,9 +194,9 @@ impl Backend for CudaBackend {
     }
 
     /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel
-    /// of each) on every core into the disk cache, so that the sequential runs only load them. Without a disk cache there is nothing to keep them in,
-    /// and each run compiles its own. A kernel that fails here fails again in its case's run,
-    /// which reports it.
+    /// of each) on every core into the disk cache, so that the sequential runs only load them.
+    /// Without a disk cache there is nothing to keep them in, and each run compiles its own. A
+    /// kernel that fails here fails again in its case's run, which reports it.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
         let jit = self.engine.jit();
         if jit.cache().is_none() {
@@ -307,6 +343,32 @@ impl Backend for CudaBackend {
         let lse = lse.download(stream)?.to_f32_vec();
         Ok((o.download(stream)?, lse))
     }
+
+    /// A buffer beyond the GPU's memory is refused with an error, and the engine stays usable:
+    /// `small` then runs and passes.
+    fn self_checks(&self, small: &Case) -> Vec<CaseResult> {
+        let name = format!("{SELF_CHECK}out-of-memory, then {}", small.name);
+        let result = match self.refuses_oversized_buffers() {
+            Ok(messages) => {
+                let mut result = run_case(self, small);
+                result.name = name;
+                let refused = messages
+                    .into_iter()
+                    .map(|m| ("refused as expected".to_string(), Err(m), true));
+                result.also.splice(0..0, refused);
+                result
+            }
+            Err(why) => CaseResult {
+                name,
+                outcome: Err(why),
+                passed: false,
+                oracle: Oracle::Exact,
+                also: Vec::new(),
+                backend_time: Duration::ZERO,
+            },
+        };
+        vec![result]
+    }
 }
 
 /// States given one by one (`[rows, heads, head_dim]` each) stored together:
@@ -326,4 +388,46 @@ fn interleave(shape: MergeShape, states: &[(HostTensor, Vec<f32>)]) -> (HostTens
         HostTensor::from_f32(dtype, &o),
         HostTensor::from_f32(DType::F32, &lse),
     )
+}
+
+/// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
+/// over K/V from `kv` that runs on a GPU of architecture `arch` ([`TileConfig::row_tiles_on`]):
+/// the tile of long prefills, which the verify suite's widest-tile cases ask for.
+fn widest_row_tile_on(
+    dims: HeadDims,
+    qk_accum: QkAccum,
+    kv: KvCache,
+    arch: Arch,
+) -> Result<TileConfig, Error> {
+    TileConfig::row_tiles_on(dims, qk_accum, kv, arch)
+        .into_iter()
+        .max_by_key(|t| t.cta_q())
+        .ok_or_else(|| Error::Unsupported {
+            backend: "cuda",
+            what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
+            supported: "head dims with one".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a); at head dim 256
+    // over ragged K/V two warpgroups of 64 rows on sm_90a, the one-buffer 64-row tile elsewhere;
+    // over a paged cache its one 32-key tile.
+    #[test]
+    fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
+        let d = |n| HeadDims::new(n, n).expect("head dims");
+        let label = |dims, kv, arch| {
+            widest_row_tile_on(dims, QkAccum::F32, kv, arch)
+                .expect("a row tile")
+                .label()
+        };
+        assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
+        assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
+        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w8q1kv64g");
+        assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
+    }
 }

@@ -6,6 +6,7 @@
 //! freed here.
 
 use super::error::{CudaError, DriverContext};
+use super::memory;
 use crate::dtype::DType;
 use crate::tensor::HostTensor;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -101,19 +102,30 @@ impl DeviceTensor {
         })
     }
 
-    /// Copies a host tensor to the device (on `stream`).
+    /// Copies a host tensor to the device (on `stream`); [`CudaError::OutOfMemory`] when the
+    /// device cannot hold it.
     pub fn upload(stream: &Arc<CudaStream>, host: &HostTensor) -> Result<DeviceTensor, CudaError> {
-        let bytes = stream.clone_htod(host.as_bytes()).during("upload")?;
+        let what = format!("a {}-element {} tensor", host.len(), host.dtype());
+        let bytes = memory::upload(stream, host.as_bytes(), &what)?;
         Ok(DeviceTensor::owned(bytes, host.dtype(), host.len()))
     }
 
-    /// A device tensor of `len` NaN elements (outputs are poisoned so an unwritten element shows).
+    /// A device tensor of `len` NaN elements (outputs are poisoned so an unwritten element
+    /// shows), allocated and filled on the device; [`CudaError::OutOfMemory`] when the device
+    /// cannot hold it.
     pub fn nan(
         stream: &Arc<CudaStream>,
         dtype: DType,
         len: usize,
     ) -> Result<DeviceTensor, CudaError> {
-        DeviceTensor::upload(stream, &HostTensor::nan(dtype, len))
+        let what = format!("a {len}-element {dtype} tensor");
+        let bytes = memory::nan(stream, dtype, len, &what)?;
+        Ok(DeviceTensor::owned(bytes, dtype, len))
+    }
+
+    /// Overwrites every element with NaN on the device, in place, ordered on `stream`.
+    pub fn fill_nan(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        memory::fill_nan(stream, &mut self.bytes, self.dtype)
     }
 
     /// Copies back to the host (synchronises `stream`).

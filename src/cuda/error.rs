@@ -1,4 +1,5 @@
-//! Errors of the CUDA runtime layer: no driver, a failed driver call, a failed launch.
+//! Errors of the CUDA runtime layer: no driver, a failed driver call, an allocation beyond the
+//! device's memory, a failed launch.
 
 use cudarc::driver::DriverError;
 
@@ -41,6 +42,23 @@ pub enum CudaError {
         /// The driver's error.
         source: DriverError,
     },
+    /// A device allocation the GPU cannot hold; nothing was allocated.
+    #[error(
+        "out of device memory: {what} asked for {}, the GPU has {} free of {}",
+        size(.requested),
+        size(.free),
+        size(.total)
+    )]
+    OutOfMemory {
+        /// What was being allocated.
+        what: String,
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes free on the device when the allocation failed.
+        free: usize,
+        /// The device's memory in bytes.
+        total: usize,
+    },
     /// A buffer passed to a run does not match the plan.
     #[error("buffer {name}: {reason}")]
     Buffer {
@@ -49,6 +67,14 @@ pub enum CudaError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// A byte count with its size in GiB, for messages.
+fn size(bytes: &usize) -> String {
+    format!(
+        "{bytes} bytes ({:.2} GiB)",
+        *bytes as f64 / (1u64 << 30) as f64
+    )
 }
 
 /// Attaches the call's description to a driver error.
@@ -62,5 +88,26 @@ impl<T> DriverContext<T> for Result<T, DriverError> {
             call: call.into(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_names_the_size_asked_and_the_memory_free() {
+        let e = CudaError::OutOfMemory {
+            what: "a 100000000000-element f16 tensor".into(),
+            requested: 200_000_000_000,
+            free: 150_000_000_000,
+            total: 150_754_820_096,
+        };
+        assert_eq!(
+            e.to_string(),
+            "out of device memory: a 100000000000-element f16 tensor asked for 200000000000 bytes \
+             (186.26 GiB), the GPU has 150000000000 bytes (139.70 GiB) free of 150754820096 bytes \
+             (140.40 GiB)"
+        );
     }
 }

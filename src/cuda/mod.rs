@@ -6,12 +6,14 @@
 //! device. The GPU reference kernel's entry point is [`Engine::reference_attention`].
 
 mod append;
+#[cfg(feature = "harness")]
 mod backend;
 mod buffers;
 mod device;
 mod engine;
 mod error;
 mod launch;
+mod memory;
 mod merge;
 mod paged;
 mod plan;
@@ -22,6 +24,7 @@ mod schedule;
 mod tma;
 
 pub use append::DevicePagedKvMut;
+#[cfg(feature = "harness")]
 pub use backend::CudaBackend;
 pub use buffers::DeviceTensor;
 pub use device::{driver_present, DeviceInfo};
@@ -31,6 +34,4 @@ pub use merge::DeviceState;
 pub use paged::{DevicePagedKv, PagedPlan, PagedRunMode};
 pub use plan::PlanOptions;
 pub use prefill::PrefillPlan;
-pub use schedule::{
-    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
-};
+pub use schedule::{KvSplit, SplitChoice};

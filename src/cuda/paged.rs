@@ -275,15 +275,20 @@ impl Engine {
             PagedKv::Combined(kv) => vec![kv],
         };
         let mut qd = self.upload(q)?;
-        let mut buffers = host_buffers
-            .iter()
-            .map(|t| self.upload(t))
-            .collect::<Result<Vec<_>, _>>()?;
+        // The appended run starts from a cache of NaN (allocated and filled on the device), so
+        // that a token the append misses shows in the output.
+        let mut buffers = match mode {
+            PagedRunMode::DeviceAppend { .. } => host_buffers
+                .iter()
+                .map(|h| DeviceTensor::nan(stream, h.dtype(), h.len()).map_err(Error::from))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => host_buffers
+                .iter()
+                .map(|t| self.upload(t))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         match mode {
             PagedRunMode::DeviceAppend { k, v } => {
-                for (d, h) in buffers.iter_mut().zip(&host_buffers) {
-                    d.write(stream, &HostTensor::nan(h.dtype(), h.len()))?;
-                }
                 let (kd, vd) = (self.upload(k)?, self.upload(v)?);
                 let cache = match &mut buffers[..] {
                     [kb, vb] => DevicePagedKvMut::Separate { k: kb, v: vb },
@@ -338,9 +343,9 @@ impl Engine {
                     for (d, h) in buffers.iter_mut().zip(&host_buffers) {
                         d.write(stream, h)?;
                     }
-                    o.write(stream, &HostTensor::nan(o.dtype(), o.len()))?;
+                    o.fill_nan(stream)?;
                     if let Some(l) = lse {
-                        l.write(stream, &HostTensor::nan(l.dtype(), l.len()))?;
+                        l.fill_nan(stream)?;
                     }
                     graph.launch().during("replaying the graph")?;
                     // The graph is destroyed when it goes out of scope: not while it may run.

@@ -6,8 +6,8 @@
 //! where K and V come from ([`KvAddress`]) and in the buffers they check before a launch.
 
 use super::engine::{Engine, LoadedKernel};
-use super::error::DriverContext;
 use super::launch::{launch_1d, Launch1d};
+use super::memory;
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{
     choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
@@ -77,10 +77,7 @@ pub(crate) fn upload<T: DeviceRepr + Default + Copy>(
 ) -> Result<CudaSlice<T>, Error> {
     let one = [T::default()];
     let data = if data.is_empty() { &one[..] } else { data };
-    Ok(engine
-        .stream()
-        .clone_htod(data)
-        .during(format!("uploading {what}"))?)
+    Ok(memory::upload(engine.stream(), data, what)?)
 }
 
 /// What a caller may set when planning; the defaults are the planner's choices.
@@ -195,12 +192,12 @@ impl KernelPlan {
                 let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
                 let stream = engine.stream();
                 Some(Workspace {
-                    o: stream
-                        .alloc_zeros::<f32>(rows * problem.head_dims.vo())
-                        .during("allocating the split-KV workspace")?,
-                    lse: stream
-                        .alloc_zeros::<f32>(rows)
-                        .during("allocating the split-KV workspace")?,
+                    o: memory::zeros::<f32>(
+                        stream,
+                        rows * problem.head_dims.vo(),
+                        "the split-KV workspace's outputs",
+                    )?,
+                    lse: memory::zeros::<f32>(stream, rows, "the split-KV workspace's LSE")?,
                 })
             }
             None => None,

@@ -11,15 +11,14 @@
 
 use crate::codegen::{KvCache, TileConfig};
 use crate::jit::Arch;
-use crate::problem::{AttentionProblem, HeadDims, Mask, QkAccum};
-use crate::Error;
+use crate::problem::{AttentionProblem, Mask};
 
 /// One CTA's work: request, query tile, KV head, KV chunk (0 when the KV range is not split),
 /// then the request's span: first query token, query length, first key row, key length (what
 /// `qo_indptr` and `kv_indptr` hold for it). The kernel reads the two halves as two `int4`s,
 /// side by side, so its first loads do not wait for the request index (they read the indptrs
 /// after the item before).
-pub type WorkItem = [i32; 8];
+pub(crate) type WorkItem = [i32; 8];
 
 /// Keys per chunk below which splitting does not pay (each chunk costs a workspace row and a
 /// share of the merge).
@@ -61,7 +60,7 @@ impl SplitChoice {
     /// The split of a problem whose longest request has `max_kv` keys under this choice, given
     /// the planner's own choice `planned` and the kernel's KV tile; an error names a chunk that
     /// is not a positive multiple of the tile.
-    pub fn resolve(
+    pub(crate) fn resolve(
         self,
         planned: Option<KvSplit>,
         max_kv: usize,
@@ -142,7 +141,7 @@ const PARTIAL_KEYS_PER_ROW: usize = 1;
 /// single long request splits, many short ones do not, a batch that fills 1.3 waves splits so
 /// that the last wave is not mostly idle, and a prefill whose tiles nearly fill one wave is left
 /// whole (its partial results would cost more than the idle slots).
-pub fn choose_kv_split(
+pub(crate) fn choose_kv_split(
     problem: &AttentionProblem,
     cta_q: usize,
     kv_tile: usize,
@@ -163,7 +162,7 @@ pub fn choose_kv_split(
 /// with one resident CTA per SM ([`TileConfig::resident_ctas`]: head dim 256's two warpgroups)
 /// has half the slots and the SM to itself: its cost per key is halved and divided by
 /// [`ONE_CTA_WIDE_TILE_RATE`].
-pub fn choose_tile_on(
+pub(crate) fn choose_tile_on(
     problem: &AttentionProblem,
     kv: KvCache,
     sm_count: usize,
@@ -211,35 +210,17 @@ pub fn choose_tile_on(
     best.map_or(key_split, |(_, t)| t)
 }
 
-/// The widest row tile (most query rows) of a kernel with these head dims and QK accumulation
-/// over K/V from `kv` that runs on a GPU of architecture `arch` ([`TileConfig::row_tiles_on`]):
-/// the tile of long prefills, which the verify suite's widest-tile cases ask for.
-pub fn widest_row_tile_on(
-    dims: HeadDims,
-    qk_accum: QkAccum,
-    kv: KvCache,
-    arch: Arch,
-) -> Result<TileConfig, Error> {
-    TileConfig::row_tiles_on(dims, qk_accum, kv, arch)
-        .into_iter()
-        .max_by_key(|t| t.cta_q())
-        .ok_or_else(|| Error::Unsupported {
-            backend: "cuda",
-            what: format!("a row tile at head dims ({}, {})", dims.qk(), dims.vo()),
-            supported: "head dims with one".into(),
-        })
-}
-
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
 /// `ctas_per_sm` of whose CTAs fit on each of `sm_count` SMs: every resident CTA for the
 /// key-split tile (decode: memory-bound, each CTA adds loads in flight), at most
 /// [`TileConfig::ROW_TILE_CTAS_PER_SM`] per SM for a row tile. The simulation takes each slot for a
 /// processor of its own at a fixed cost per key, which holds for two row-tile CTAs per SM (the
 /// measurements behind the costs); past that, co-resident CTAs share the SM's tensor cores, and a
-/// split that fills the extra slots adds partial results and a merge for no gain. H200, session 8
-/// run 3: the D=64 64-row tile (4 to 5 CTAs per SM) was split in two at seq 512 and 1024 and ran
-/// at 47 and 99 TFLOP/s (causal), against 70 and 146 for the 128-row tile unsplit.
-pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
+/// split that fills the extra slots adds partial results and a merge for no gain: measured on an
+/// H200, the D=64 64-row tile (4 to 5 CTAs per SM) split in two ran seq 512 and 1024 causal at 47
+/// and 99 TFLOP/s against 70 and 146 for the 128-row tile unsplit (`attnforge bench --all
+/// --filter f16-d64-h32/32-s512-causal --tile w4q1kv64 --split 256` against the default plan).
+pub(crate) fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize {
     let per_sm = if tile.split_keys {
         ctas_per_sm
     } else {
@@ -249,20 +230,21 @@ pub fn split_slots(tile: TileConfig, sm_count: usize, ctas_per_sm: u32) -> usize
 }
 
 /// Rows per second of the narrower row tile (64 rows, `w4q1kv64`) against the wider one (128
-/// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle: H200, f16, D=128,
-/// seq 4096, session 4 run 3: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90);
-/// soft-cap and f16 QK 0.94, paged prefill 0.78 (docs/perf-notes.md).
+/// rows, `w4q2kv64s32`) on long prefills, where neither leaves slots idle. Measured on an H200,
+/// f16, D=128, seq 4096: causal 271 vs 322 TFLOP/s (0.84), non-causal 309 vs 343 (0.90); soft-cap
+/// and f16 QK 0.94, paged prefill 0.78 (`attnforge bench --filter d128 --tile w4q1kv64` against
+/// `--tile w4q2kv64s32`).
 const NARROW_TILE_ROW_EFFICIENCY: f64 = 0.85;
 
 /// Rows per second per SM of a widest row tile with one resident CTA per SM against a widest tile
 /// of two (the unit of [`WIDEST_KEY_COST`]): head dim 256's two warpgroups on sm_90a (128 rows,
-/// one CTA) ran 1.26x the 64-row one-buffer tile (two CTAs) per SM on the H200 (session 25 call
-/// 5, seq 4096 causal and non-causal, f16 and bf16: 1.26x-1.29x), which the simulation rates at
+/// one CTA) ran 1.26x to 1.29x the 64-row one-buffer tile (two CTAs) per SM on an H200 (seq 4096
+/// causal and non-causal, f16 and bf16), which the simulation rates at
 /// [`NARROW_TILE_ROW_EFFICIENCY`] of a two-CTA widest tile: 1.26 x 0.85. With it the planner takes
-/// that tile for every shape of the prefill list, seq 512 and up, and it was faster on each: H200,
-/// session 26 call 1 (A B B A against `--tile w4q1kv64b1g`, the 27 f16 D=256 shapes): +8.8% and
-/// +10.0% at seq 512 causal (32/8 and 32/32 heads), +14% to +16% at seq 512 non-causal, +15% to
-/// +22% at seq 1024, +21% to +40% from seq 2048 on.
+/// that tile for every shape of the prefill list, seq 512 and up, and it was faster on each of
+/// the 27 f16 D=256 shapes against `--tile w4q1kv64b1g` on an H200: +8.8% to +16% at seq 512,
+/// +15% to +22% at seq 1024, +21% to +40% from seq 2048 on (`attnforge bench --all --filter
+/// f16-d256`, with and without `--tile w4q1kv64b1g`).
 const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 
 /// The cost of one key for a CTA of the widest row tile, in the simulation's units
@@ -407,7 +389,8 @@ fn item_costs(
 /// Every query tile of a pair reads the pair's K/V. Ordered longest first across the whole
 /// batch, the resident CTAs of a causal prefill span every pair (the same tile index of each),
 /// and when the K/V read by more than one tile exceeds [`L2_SHARE_BYTES`] each CTA fetches its
-/// K/V from DRAM (session 5: a paged prefill of 16 requests read 9.7 GB for 0.6 GB of data).
+/// K/V from DRAM (measured on an H200: a paged prefill of 16 requests read 9.7 GB for 0.6 GB of
+/// data; `attnforge bench --suite paged` shows the effect).
 /// Consecutive pairs are then cut into sections of about that many bytes, each ordered longest
 /// first on its own; at least a wave of CTAs (`slots`) per section, so that each section's long
 /// tiles still start early. All zeros (one section) when the reused K/V fits, as in decode,
@@ -443,7 +426,7 @@ fn l2_sections(problem: &AttentionProblem, cta_q: usize, items: usize, slots: us
 /// The work items of `problem` with `cta_q` packed rows per CTA (and KV chunks when `split`) in
 /// launch order for `slots` resident CTAs: longest first within each L2 section of (request,
 /// KV head) pairs, equal costs head by head.
-pub fn prefill_work(
+pub(crate) fn prefill_work(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,
@@ -458,26 +441,8 @@ pub fn prefill_work(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::RaggedBatch;
+    use crate::problem::{HeadDims, RaggedBatch};
     use crate::DType;
-
-    // The widest row tile: 128 rows at head dim 128 (the wgmma twin on sm_90a); at head dim 256
-    // over ragged K/V two warpgroups of 64 rows on sm_90a, the one-buffer 64-row tile elsewhere;
-    // over a paged cache its one 32-key tile.
-    #[test]
-    fn the_widest_row_tile_is_the_long_prefill_tile_of_each_architecture() {
-        let d = |n| HeadDims::new(n, n).expect("head dims");
-        let label = |dims, kv, arch| {
-            widest_row_tile_on(dims, QkAccum::F32, kv, arch)
-                .expect("a row tile")
-                .label()
-        };
-        assert_eq!(label(d(128), KvCache::Ragged, Arch::Sm80), "w4q2kv64");
-        assert_eq!(label(d(128), KvCache::Paged, Arch::Sm90a), "w8q1kv64g");
-        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm80), "w4q1kv64b1");
-        assert_eq!(label(d(256), KvCache::Ragged, Arch::Sm90a), "w8q1kv64g");
-        assert_eq!(label(d(256), KvCache::Paged, Arch::Sm90a), "w4q1kv32");
-    }
 
     #[test]
     fn split_choice_overrides_the_planner_and_checks_the_chunk() {
@@ -518,7 +483,8 @@ mod tests {
     #[test]
     fn equal_costs_go_head_by_head_and_longer_items_first() {
         // Non-causal: every item costs the same; one head's query tiles come before the next
-        // head's (session 5 run 2: +5% at seq 8192 and 16384 against tile by tile).
+        // head's (+5% at seq 8192 and 16384 against tile by tile on an H200, `attnforge bench
+        // --all --filter noncausal`).
         let p = problem(&[(1024, 1024)], 4, 4, Mask::None);
         let work = prefill_work(&p, 128, None, 264);
         let order: Vec<(i32, i32)> = work.iter().map(|w| (w[2], w[1])).collect();
@@ -662,8 +628,8 @@ mod tests {
     }
 
     // Head dim 256 over ragged K/V: sm_90a plans its two warpgroups of 64 rows (one CTA per SM)
-    // from seq 512 on (measured faster on every f16 shape, session 26); sm_80 and sm_89 never plan
-    // a wgmma tile.
+    // from seq 512 on (measured faster on every f16 shape; see `ONE_CTA_WIDE_TILE_RATE`); sm_80
+    // and sm_89 never plan a wgmma tile.
     #[test]
     fn head_dim_256_takes_two_warpgroups_on_sm90a_from_seq_512() {
         let tile = |lens: &[(usize, usize)], hq, hkv, mask, arch| {

@@ -8,7 +8,7 @@
 //! tiled or fused, so the code reads like the formulas.
 //!
 //! Use [`attention`] for whole problems and [`attention_rows`] to check a sample of rows of a
-//! problem too big to compute whole. Backends are compared with it by [`crate::compare`].
+//! problem too big to compute whole. The test harness (feature `harness`) compares backends with it in `compare`.
 
 pub mod logits;
 mod paged;

@@ -14,8 +14,8 @@
 //! with GQA groups 1, 4, 7, 8 and ragged batches rotating so that each value meets each other
 //! axis. Targeted cases follow: logits near the f16 range under f16 accumulation, soft-cap with
 //! logits 100x the cap, `sm_scale = 1`, empty rows with sinks, empty requests, fused and padded
-//! strided views, and a CPU-only custom variant. Then the paged cases ([`paged`]) and the
-//! widest-tile cases ([`widest`]: the kernels of long prefills, which a GPU backend runs on
+//! strided views, and a CPU-only custom variant. Then the paged cases (`paged.rs`) and the
+//! widest-tile cases (`widest.rs`: the kernels of long prefills, which a GPU backend runs on
 //! small problems when asked by [`TileRequest::WidestRows`]).
 
 mod custom;

@@ -7,7 +7,7 @@
 use crate::backend::{parse_arch, BackendKind};
 use attnforge::jit::Arch;
 use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
-use attnforge::verify::{run_cases, run_merge_case, CaseResult};
+use attnforge::verify::{run_cases, run_merge_case, smallest_case, CaseResult, SELF_CHECK};
 use std::process::ExitCode;
 
 /// The case list, as named on the command line.
@@ -110,9 +110,21 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     if summary.stopped.is_some() {
         summary.not_run += merges.len();
     } else {
-        for case in &merges {
-            let result = run_merge_case(backend.as_ref(), case);
-            report(&result, args.seed, args.verbose);
+        let mut results: Vec<CaseResult> = merges
+            .iter()
+            .map(|case| run_merge_case(backend.as_ref(), case))
+            .collect();
+        // The backend's self-checks, with the smallest case of the whole list.
+        let all = cases(suite, args.seed, &backend.caps());
+        let wanted = args
+            .filter
+            .as_deref()
+            .is_none_or(|f| f.starts_with(SELF_CHECK));
+        if let Some(small) = smallest_case(&all).filter(|_| wanted) {
+            results.extend(backend.self_checks(small));
+        }
+        for result in &results {
+            report(result, args.seed, args.verbose);
             if result.passed {
                 summary.passed += 1;
             } else {

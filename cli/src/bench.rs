@@ -8,8 +8,8 @@
 //! median is reported. How many launches follows the peers' rule (`bench/peers.py`): after
 //! `--warmup` launches and 5 probe launches, enough to fill `--target-ms` of GPU time, at least
 //! `--runs` and at most `--max-runs`. Both sides then run about as long: under sustained load
-//! the GPU lowers its clock (an H200 from 1980 to about 1675 MHz within a second of the heaviest
-//! shapes, session 27), so a side timed over fewer launches would be timed at a higher clock.
+//! the GPU lowers its clock (measured on an H200: from 1980 to about 1675 MHz within a second of
+//! the heaviest shapes), so a side timed over fewer launches would be timed at a higher clock.
 
 use crate::backend::parse_arch;
 use attnforge::codegen::TileConfig;

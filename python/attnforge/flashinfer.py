@@ -1,0 +1,759 @@
+"""FlashInfer's attention API on attnforge.
+
+The same names, argument names, defaults, layouts and return conventions as FlashInfer 0.5:
+``single_prefill_with_kv_cache``, the ``BatchPrefillWithRaggedKVCacheWrapper``,
+``BatchPrefillWithPagedKVCacheWrapper`` and ``BatchDecodeWithPagedKVCacheWrapper`` wrappers
+(``plan`` then ``run``), ``merge_state``, ``merge_state_in_place``, ``merge_states`` and
+``append_paged_kv_cache``. Arrays are numpy arrays or torch tensors; results come back in the
+caller's library, on the caller's device. LSEs are base 2, as FlashInfer's.
+
+Host arrays run on attnforge's CPU backend; CUDA tensors on its CUDA backend, launched on torch's
+current stream, reading the inputs where they are (no copy). An argument attnforge does not
+implement raises ``NotImplementedError`` naming it; bad input raises ``ValueError`` or
+``TypeError`` with the Rust error's message before anything runs.
+"""
+
+import functools
+
+from . import _arrays as A
+from . import _native
+from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
+
+__all__ = [
+    "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
+]
+
+
+def _check_kv_layout(kv_layout):
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f'invalid kv_layout: is {kv_layout!r}; expected "NHD" or "HND"')
+
+
+def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
+    """The output arrays: the caller's ``out`` / ``lse`` when given, else new ones like ``q``."""
+    if out is None:
+        out = A.empty(q, (total_qo, num_qo_heads, head_dim_vo))
+    elif not A.same_library(out, q):
+        raise TypeError("out must be of the same array library as q")
+    if lse is None and return_lse:
+        lse = A.empty(q, (total_qo, num_qo_heads), float32=True)
+    return out, lse
+
+
+def _finish(out, lse, return_lse):
+    """Converts the natural-log LSE to FlashInfer's base 2, in place, and returns."""
+    if lse is not None:
+        lse *= A.LOG2E
+    return (out, lse) if return_lse else out
+
+
+def _run_ragged(plan, q, k, v, out, lse):
+    plan.run(
+        A.describe(q, "q"),
+        A.describe(k, "k"),
+        A.describe(v, "v"),
+        A.describe_out(out, "out"),
+        None if lse is None else A.describe_out(lse, "lse"),
+        A.stream_of(q),
+    )
+
+
+def _check_o_dtype(o_dtype, q):
+    if o_dtype is not None and str(o_dtype) != str(q.dtype):
+        refuse("o_dtype", o_dtype, "the output has the dtype of q")
+
+
+def single_prefill_with_kv_cache(
+    q,
+    k,
+    v,
+    scale_q=None,
+    scale_k=None,
+    scale_v=None,
+    o_dtype=None,
+    custom_mask=None,
+    packed_custom_mask=None,
+    causal=False,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_fp16_qk_reduction=False,
+    sm_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    rope_scale=None,
+    rope_theta=None,
+    backend="auto",
+    return_lse=False,
+):
+    """Attention of one request: ``q [qo_len, Hq, Dqk]`` over ``k``, ``v`` (``[kv_len, Hkv, D]``
+    for NHD, ``[Hkv, kv_len, D]`` for HND). Returns ``o [qo_len, Hq, Dvo]``, or ``(o, lse)``
+    with the base-2 LSE ``[qo_len, Hq]`` when ``return_lse``."""
+    check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
+    refuse_set(
+        scale_q=(scale_q, "fp8 inputs are not supported yet"),
+        scale_k=(scale_k, "fp8 inputs are not supported yet"),
+        scale_v=(scale_v, "fp8 inputs are not supported yet"),
+    )
+    _check_o_dtype(o_dtype, q)
+    _check_kv_layout(kv_layout)
+    if kv_layout == "HND":
+        k, v = A.swap01(k), A.swap01(v)
+    for name, x, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3)):
+        A.describe(x, name)
+        if len(x.shape) != rank:
+            raise ValueError(f"invalid {name}: has shape {tuple(x.shape)}; expected 3 dimensions")
+    qo_len, num_qo_heads, head_dim_qk = q.shape
+    kv_len, num_kv_heads, _ = k.shape
+    head_dim_vo = v.shape[2]
+    qo_indptr, kv_indptr = [0, int(qo_len)], [0, int(kv_len)]
+    slopes = alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None
+    options = spec(
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        head_dim_vo,
+        A.dtype_name(q),
+        qo_indptr,
+        kv_indptr,
+        causal,
+        window_left,
+        logits_soft_cap,
+        sm_scale,
+        use_fp16_qk_reduction,
+        custom_mask,
+        packed_custom_mask,
+        slopes,
+    )
+    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q), lazy=True)
+    out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
+    _run_ragged(plan, q, k, v, out, lse)
+    if lse is not None and slopes is not None:
+        # attnforge's ALiBi bias is slope * (j - (i + kv_len - qo_len)), FlashInfer's
+        # slope * (j - i): the same softmax, and LSEs apart by slope * (kv_len - qo_len).
+        shift = A.from_list(lse, [s * (kv_len - qo_len) for s in slopes])
+        lse += shift
+    return _finish(out, lse, return_lse)
+
+
+single_prefill_with_kv_cache_return_lse = functools.partial(
+    single_prefill_with_kv_cache, return_lse=True
+)
+
+
+class _Wrapper:
+    """What the three wrappers share: the workspace's device, the layout, the CUDA-graph flag."""
+
+    def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
+        _check_kv_layout(kv_layout)
+        check_common(backend=backend)
+        if use_cuda_graph:
+            refuse(
+                "use_cuda_graph",
+                use_cuda_graph,
+                "plans keep their own index arrays; run() after plan() is capture-safe without it",
+            )
+        refuse_set(jit_args=(jit_args, "attnforge has no FlashInfer JIT variants"))
+        self._kv_layout = kv_layout
+        self._device = A.device_of(float_workspace_buffer)
+        self._plan = None
+
+    @property
+    def is_cuda_graph_enabled(self):
+        return False
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
+        """Accepted for compatibility: attnforge's plans own their buffers."""
+        self._device = A.device_of(float_workspace_buffer)
+
+    def _planned(self):
+        if self._plan is None:
+            raise RuntimeError("run() before plan(): call plan() first")
+        return self._plan
+
+    def _check_dtypes(self, q, kv):
+        if A.dtype_name(q) != self._dtype:
+            raise ValueError(
+                f"invalid q: has dtype {q.dtype}; the plan's q_data_type is {self._dtype}"
+            )
+        if A.dtype_name(kv) != self._dtype:
+            raise ValueError(
+                f"invalid paged_kv_cache: has dtype {kv.dtype}; the plan's is {self._dtype}"
+            )
+
+    def _plan_dtype(self, q_data_type, kv_data_type):
+        q = dtype_code(q_data_type, "q_data_type")
+        kv = dtype_code(kv_data_type, "kv_data_type")
+        if kv is not None and kv != q:
+            refuse("kv_data_type", kv_data_type, "q and the KV cache share one dtype")
+        self._dtype = q
+
+    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left):
+        plan, total_qo, num_qo_heads, head_dim_vo, planned_window = self._planned()
+        if window_left is not None and window_left != planned_window:
+            refuse("window_left", window_left, "the window is fixed by plan()")
+        cache = _cache_args(paged_kv_cache)
+        pair = isinstance(paged_kv_cache, (tuple, list))
+        self._check_dtypes(q, paged_kv_cache[0] if pair else paged_kv_cache)
+        out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
+        plan.run(
+            A.describe(q, "q"),
+            cache,
+            A.describe_out(out, "out"),
+            None if lse is None else A.describe_out(lse, "lse"),
+            A.stream_of(q),
+        )
+        return _finish(out, lse, return_lse)
+
+
+def _cache_args(paged_kv_cache):
+    """The native descriptors of a paged cache: one combined array, or K and V. A (K, V) pair
+    that is the two halves of one combined array (``kv[:, 0]``, ``kv[:, 1]``) is passed as that
+    array, so the CUDA kernels read it in place."""
+    if not isinstance(paged_kv_cache, (tuple, list)):
+        return [A.describe(paged_kv_cache, "paged_kv_cache")]
+    if len(paged_kv_cache) != 2:
+        raise ValueError(
+            f"invalid paged_kv_cache: a tuple of {len(paged_kv_cache)} arrays; expected (k, v)"
+        )
+    k = A.describe(paged_kv_cache[0], "paged_kv_cache[0]")
+    v = A.describe(paged_kv_cache[1], "paged_kv_cache[1]")
+    (ka, kshape, kstr, kdt, kdev), (va, vshape, vstr, _, _) = k, v
+    size = {"f16": 2, "bf16": 2, "f32": 4}[kdt]
+    half = 1
+    for n in kshape[1:]:
+        half *= n
+    inner = [1]
+    for n in reversed(kshape[2:]):
+        inner.insert(0, inner[0] * n)
+    if (
+        kshape == vshape
+        and kstr == vstr
+        and len(kshape) == 4
+        and kshape[0] > 1
+        and kstr[0] == 2 * half
+        and tuple(kstr[1:]) == tuple(inner)
+        and va - ka == half * size
+    ):
+        shape = (kshape[0], 2) + tuple(kshape[1:])
+        strides = (2 * half, half) + tuple(kstr[1:])
+        return [(ka, shape, strides, kdt, kdev)]
+    return [k, v]
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
+    """Batch prefill over ragged K/V (``k [kv_indptr[-1], Hkv, Dqk]`` for NHD)."""
+
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        kv_indptr_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        jit_args=None,
+        jit_kwargs=None,
+    ):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        refuse_set(jit_kwargs=(jit_kwargs, "attnforge has no FlashInfer JIT variants"))
+
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking=True,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0,
+        max_item_len_ptr=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+    ):
+        """Plans the batch: validates it, and on a GPU compiles the kernel and uploads the
+        index arrays, so that ``run`` only launches."""
+        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        _refuse_plan_extras(
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
+        )
+        self._plan_dtype(q_data_type, kv_data_type)
+        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+        qo = A.int_list(qo_indptr, "qo_indptr")
+        kv = A.int_list(kv_indptr, "kv_indptr")
+        options = spec(
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            self._dtype,
+            qo,
+            kv,
+            causal,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            use_fp16_qk_reduction,
+            custom_mask,
+            packed_custom_mask,
+        )
+        native = _native.RaggedPlan(qo, kv, options, self._device)
+        self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+
+    def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None):
+        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
+        check_run(args, enable_pdl=enable_pdl)
+        native, total_qo, num_qo_heads, head_dim_vo, _ = self._planned()
+        if A.dtype_name(q) != self._dtype:
+            raise ValueError(f"invalid q: has dtype {q.dtype}; the plan's is {self._dtype}")
+        if self._kv_layout == "HND":
+            k, v = A.swap01(k), A.swap01(v)
+        out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
+        _run_ragged(native, q, k, v, out, lse)
+        return _finish(out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+
+def _refuse_plan_extras(
+    prefix_len_ptr=None,
+    token_pos_in_items_ptr=None,
+    token_pos_in_items_len=0,
+    max_item_len_ptr=None,
+    fixed_split_size=None,
+    disable_split_kv=False,
+):
+    reason = "multi-item scoring is not supported"
+    refuse_set(
+        prefix_len_ptr=(prefix_len_ptr, reason),
+        token_pos_in_items_ptr=(token_pos_in_items_ptr, reason),
+        max_item_len_ptr=(max_item_len_ptr, reason),
+        fixed_split_size=(fixed_split_size, "attnforge's planner chooses the KV split"),
+    )
+    if token_pos_in_items_len:
+        refuse("token_pos_in_items_len", token_pos_in_items_len, reason)
+    if disable_split_kv:
+        refuse("disable_split_kv", disable_split_kv, "attnforge's planner chooses the KV split")
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
+    """Batch prefill over a paged KV cache."""
+
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        jit_args=None,
+        jit_kwargs=None,
+    ):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        refuse_set(jit_kwargs=(jit_kwargs, "attnforge has no FlashInfer JIT variants"))
+
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking=True,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0,
+        max_item_len_ptr=None,
+        seq_lens=None,
+        seq_lens_q=None,
+        block_tables=None,
+        max_token_per_sequence=None,
+        max_sequence_kv=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+    ):
+        """Plans the batch over the page table."""
+        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        _refuse_plan_extras(
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
+        )
+        reason = "these arguments feed FlashInfer's trtllm-gen and cuDNN backends"
+        refuse_set(
+            seq_lens=(seq_lens, reason),
+            seq_lens_q=(seq_lens_q, reason),
+            block_tables=(block_tables, reason),
+            max_token_per_sequence=(max_token_per_sequence, reason),
+            max_sequence_kv=(max_sequence_kv, reason),
+        )
+        self._plan_dtype(q_data_type, kv_data_type)
+        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+        qo = A.int_list(qo_indptr, "qo_indptr")
+        indptr = A.int_list(paged_kv_indptr, "paged_kv_indptr")
+        indices = A.int_list(paged_kv_indices, "paged_kv_indices")
+        last = A.int_list(paged_kv_last_page_len, "paged_kv_last_page_len")
+        kv = _kv_indptr(indptr, last, int(page_size))
+        options = spec(
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            self._dtype,
+            qo,
+            kv,
+            causal,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            use_fp16_qk_reduction,
+            custom_mask,
+            packed_custom_mask,
+        )
+        native = _native.PagedPlan(
+            qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+        )
+        self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+    ):
+        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
+        check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+
+def _kv_indptr(page_indptr, last_page_len, page_size):
+    """Token prefix sums of the requests of a page table (for the custom mask's offsets)."""
+    out = [0]
+    for r in range(len(page_indptr) - 1):
+        pages = page_indptr[r + 1] - page_indptr[r]
+        n = 0 if pages <= 0 else (pages - 1) * page_size + last_page_len[r]
+        out.append(out[-1] + n)
+    return out
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+    """Batch decode (one query per request) over a paged KV cache."""
+
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+        backend="auto",
+        jit_args=None,
+    ):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        self._use_tensor_cores = use_tensor_cores
+
+    @property
+    def use_tensor_cores(self):
+        return self._use_tensor_cores
+
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking=True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+    ):
+        """Plans one query per request over the page table."""
+        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        _refuse_plan_extras(fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
+        reason = "these arguments feed FlashInfer's trtllm-gen backend"
+        refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
+        if data_type is not None:
+            q_data_type = kv_data_type = data_type
+        self._plan_dtype(q_data_type, kv_data_type)
+        page_indptr = A.int_list(indptr, "indptr")
+        batch = len(page_indptr) - 1
+        qo = list(range(batch + 1))
+        # One query at the last position sees every key: causal only matters for the window.
+        options = spec(
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            head_dim,
+            self._dtype,
+            qo,
+            _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size)),
+            causal=int(window_left) >= 0,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+        )
+        native = _native.PagedPlan(
+            qo,
+            page_indptr,
+            A.int_list(indices, "indices"),
+            A.int_list(last_page_len, "last_page_len"),
+            int(page_size),
+            self._kv_layout,
+            options,
+            self._device,
+        )
+        self._plan = (native, batch, int(num_qo_heads), int(head_dim), int(window_left))
+
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+        q_len_per_req=1,
+    ):
+        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
+        check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
+        if q_len_per_req not in (None, 1):
+            refuse("q_len_per_req", q_len_per_req, "decode takes one query per request")
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+
+def _lse_to_natural(s):
+    return s * A.LN2
+
+
+def _check_f32_lse(name, s):
+    if str(getattr(s, "dtype", "")).replace("torch.", "") != "float32":
+        raise ValueError(f"invalid {name}: has dtype {getattr(s, 'dtype', None)}; expected float32")
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Merges two attention states over disjoint key sets: ``v [seq, heads, dim]``,
+    ``s [seq, heads]`` (float32, base-2 LSE). Returns ``(v, s)``."""
+    for name, s in (("s_a", s_a), ("s_b", s_b)):
+        _check_f32_lse(name, s)
+    v_out = A.empty(v_a, v_a.shape)
+    s_out = A.empty(v_a, s_a.shape, float32=True)
+    # The natural-log copies stay referenced until the call returns.
+    ln_a, ln_b = _lse_to_natural(s_a), _lse_to_natural(s_b)
+    _native.merge_state(
+        A.describe(v_a, "v_a"),
+        A.describe(ln_a, "s_a"),
+        A.describe(v_b, "v_b"),
+        A.describe(ln_b, "s_b"),
+        A.describe_out(v_out, "v_out"),
+        A.describe_out(s_out, "s_out"),
+        A.stream_of(v_a),
+    )
+    s_out *= A.LOG2E
+    return v_out, s_out
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None):
+    """Merges ``(v_other, s_other)`` into ``(v, s)`` in place; with ``mask`` (bool
+    ``[seq]``), only the rows where it is true."""
+    v_new, s_new = merge_state(v, s, v_other, s_other)
+    A.copy_into(v, v_new, mask)
+    A.copy_into(s, s_new, mask)
+
+
+def merge_states(v, s):
+    """Merges the states stored together in ``v [seq, num_states, heads, dim]``,
+    ``s [seq, num_states, heads]`` (float32, base 2). Returns ``(v, s)``."""
+    _check_f32_lse("s", s)
+    if len(v.shape) != 4:
+        raise ValueError(f"invalid v: has shape {tuple(v.shape)}; expected 4 dimensions")
+    seq, _, heads, dim = v.shape
+    v_out = A.empty(v, (seq, heads, dim))
+    s_out = A.empty(v, (seq, heads), float32=True)
+    ln_s = _lse_to_natural(s)  # referenced until the call returns
+    _native.merge_states(
+        A.describe(v, "v"),
+        A.describe(ln_s, "s"),
+        A.describe_out(v_out, "v_out"),
+        A.describe_out(s_out, "s_out"),
+        A.stream_of(v),
+    )
+    s_out *= A.LOG2E
+    return v_out, s_out
+
+
+def append_paged_kv_cache(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    paged_kv_cache,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    kv_layout="NHD",
+):
+    """Writes new tokens' K and V (``[nnz, Hkv, D]``) into the paged cache. The page table is
+    the one after the append; token ``i`` goes to request ``batch_indices[i]`` at position
+    ``positions[i]``. attnforge appends each request's new tokens as its last positions, in
+    order (as ``get_batch_indices_positions`` lays them out); other placements raise
+    ``NotImplementedError``."""
+    _check_kv_layout(kv_layout)
+    page_indptr = A.int_list(kv_indptr, "kv_indptr")
+    last = A.int_list(kv_last_page_len, "kv_last_page_len")
+    batch = A.int_list(batch_indices, "batch_indices")
+    pos = A.int_list(positions, "positions")
+    if len(batch) != len(pos):
+        raise ValueError(
+            f"invalid positions: has {len(pos)} entries; batch_indices has {len(batch)}"
+        )
+    first = A.describe(
+        paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache,
+        "paged_kv_cache",
+    )
+    shape = first[1]
+    page_size = shape[-2] if kv_layout == "HND" else shape[-3]
+    kv_lens = _kv_indptr(page_indptr, last, page_size)
+    counts = [0] * (len(page_indptr) - 1)
+    for b in batch:
+        if not 0 <= b < len(counts):
+            raise ValueError(f"invalid batch_indices: request {b} is outside 0..{len(counts)}")
+        counts[b] += 1
+    append_indptr = [0]
+    for c in counts:
+        append_indptr.append(append_indptr[-1] + c)
+    for i, (b, p) in enumerate(zip(batch, pos)):
+        kv_len = kv_lens[b + 1] - kv_lens[b]
+        expected = kv_len - counts[b] + (i - append_indptr[b])
+        if i < append_indptr[b] or i >= append_indptr[b + 1] or p != expected:
+            refuse(
+                "positions",
+                f"token {i}: request {b}, position {p}",
+                "attnforge appends each request's new tokens, grouped by request and in order,"
+                " as its last positions",
+            )
+    _native.append_paged_kv(
+        A.describe(append_key, "append_key"),
+        A.describe(append_value, "append_value"),
+        append_indptr,
+        _cache_args(paged_kv_cache),
+        kv_layout,
+        page_indptr,
+        A.int_list(kv_indices, "kv_indices"),
+        last,
+        A.stream_of(append_key),
+    )
+
+
+def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
+    """Keys per request of a page table: ``max(pages - 1, 0) * page_size + last_page_len``."""
+    return (kv_indptr[1:] - kv_indptr[:-1] - 1).clip(min=0) * page_size + kv_last_page_len
+
+
+def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+    """For each of the ``nnz`` new tokens of a ragged batch (``append_indptr``), its request and
+    its position: request ``r``'s new tokens are the last ones of its ``seq_lens[r]`` keys.
+    Returns int32 ``(batch_indices, positions)`` like ``append_indptr``."""
+    indptr = A.int_list(append_indptr, "append_indptr")
+    lens = A.int_list(seq_lens, "seq_lens")
+    if len(lens) != len(indptr) - 1:
+        raise ValueError(
+            f"invalid seq_lens: has {len(lens)} entries; append_indptr describes"
+            f" {len(indptr) - 1} requests"
+        )
+    batch, positions = [], []
+    for r in range(len(lens)):
+        n = indptr[r + 1] - indptr[r]
+        batch += [r] * n
+        positions += range(lens[r] - n, lens[r])
+    if len(batch) != nnz:
+        raise ValueError(f"invalid nnz: is {nnz}; append_indptr holds {len(batch)} tokens")
+    return A.int32_array(append_indptr, batch), A.int32_array(append_indptr, positions)

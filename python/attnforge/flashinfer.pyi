@@ -1,0 +1,281 @@
+"""Type hints of attnforge.flashinfer. ``Array`` is a numpy array or a torch tensor; results
+come back in the caller's library."""
+
+from typing import Any, Literal, Optional, Tuple, Union, overload
+
+Array = Any
+DTypeLike = Union[str, Any]
+PagedKVCache = Union[Array, Tuple[Array, Array]]
+
+@overload
+def single_prefill_with_kv_cache(
+    q: Array,
+    k: Array,
+    v: Array,
+    scale_q: Optional[Array] = None,
+    scale_k: Optional[Array] = None,
+    scale_v: Optional[Array] = None,
+    o_dtype: Optional[DTypeLike] = None,
+    custom_mask: Optional[Array] = None,
+    packed_custom_mask: Optional[Array] = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Array: ...
+@overload
+def single_prefill_with_kv_cache(
+    q: Array,
+    k: Array,
+    v: Array,
+    scale_q: Optional[Array] = None,
+    scale_k: Optional[Array] = None,
+    scale_v: Optional[Array] = None,
+    o_dtype: Optional[DTypeLike] = None,
+    custom_mask: Optional[Array] = None,
+    packed_custom_mask: Optional[Array] = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    backend: str = "auto",
+    return_lse: Literal[True] = True,
+) -> Tuple[Array, Array]: ...
+def single_prefill_with_kv_cache_return_lse(
+    q: Array, k: Array, v: Array, **kwargs: Any
+) -> Tuple[Array, Array]: ...
+
+class BatchPrefillWithRaggedKVCacheWrapper:
+    def __init__(
+        self,
+        float_workspace_buffer: Array,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional[Array] = None,
+        kv_indptr_buf: Optional[Array] = None,
+        custom_mask_buf: Optional[Array] = None,
+        mask_indptr_buf: Optional[Array] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+        jit_kwargs: Optional[Any] = None,
+    ) -> None: ...
+    @property
+    def is_cuda_graph_enabled(self) -> bool: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
+    ) -> None: ...
+    def plan(
+        self,
+        qo_indptr: Array,
+        kv_indptr: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional[Array] = None,
+        packed_custom_mask: Optional[Array] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: DTypeLike = "float16",
+        kv_data_type: Optional[DTypeLike] = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: Optional[Array] = None,
+        token_pos_in_items_ptr: Optional[Array] = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: Optional[Array] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None: ...
+    def run(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        *args: Any,
+        out: Optional[Array] = None,
+        lse: Optional[Array] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+    ) -> Union[Array, Tuple[Array, Array]]: ...
+    def run_return_lse(
+        self, q: Array, k: Array, v: Array, *args: Any, **kwargs: Any
+    ) -> Tuple[Array, Array]: ...
+
+class BatchPrefillWithPagedKVCacheWrapper:
+    def __init__(
+        self,
+        float_workspace_buffer: Array,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional[Array] = None,
+        paged_kv_indptr_buf: Optional[Array] = None,
+        paged_kv_indices_buf: Optional[Array] = None,
+        paged_kv_last_page_len_buf: Optional[Array] = None,
+        custom_mask_buf: Optional[Array] = None,
+        mask_indptr_buf: Optional[Array] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+        jit_kwargs: Optional[Any] = None,
+    ) -> None: ...
+    @property
+    def is_cuda_graph_enabled(self) -> bool: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
+    ) -> None: ...
+    def plan(
+        self,
+        qo_indptr: Array,
+        paged_kv_indptr: Array,
+        paged_kv_indices: Array,
+        paged_kv_last_page_len: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional[Array] = None,
+        packed_custom_mask: Optional[Array] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: DTypeLike = "float16",
+        kv_data_type: Optional[DTypeLike] = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: Optional[Array] = None,
+        token_pos_in_items_ptr: Optional[Array] = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: Optional[Array] = None,
+        seq_lens: Optional[Array] = None,
+        seq_lens_q: Optional[Array] = None,
+        block_tables: Optional[Array] = None,
+        max_token_per_sequence: Optional[int] = None,
+        max_sequence_kv: Optional[int] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None: ...
+    def run(
+        self,
+        q: Array,
+        paged_kv_cache: PagedKVCache,
+        *args: Any,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional[Array] = None,
+        lse: Optional[Array] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+        sinks: Optional[Array] = None,
+    ) -> Union[Array, Tuple[Array, Array]]: ...
+    def run_return_lse(
+        self, q: Array, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
+    ) -> Tuple[Array, Array]: ...
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    def __init__(
+        self,
+        float_workspace_buffer: Array,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: Optional[Array] = None,
+        paged_kv_indices_buffer: Optional[Array] = None,
+        paged_kv_last_page_len_buffer: Optional[Array] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+    ) -> None: ...
+    @property
+    def is_cuda_graph_enabled(self) -> bool: ...
+    @property
+    def use_tensor_cores(self) -> bool: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
+    ) -> None: ...
+    def plan(
+        self,
+        indptr: Array,
+        indices: Array,
+        last_page_len: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        q_data_type: Optional[DTypeLike] = "float16",
+        kv_data_type: Optional[DTypeLike] = None,
+        data_type: Optional[DTypeLike] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        non_blocking: bool = True,
+        block_tables: Optional[Array] = None,
+        seq_lens: Optional[Array] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None: ...
+    def run(
+        self,
+        q: Array,
+        paged_kv_cache: PagedKVCache,
+        *args: Any,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional[Array] = None,
+        lse: Optional[Array] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+        sinks: Optional[Array] = None,
+        q_len_per_req: Optional[int] = 1,
+    ) -> Union[Array, Tuple[Array, Array]]: ...
+    def run_return_lse(
+        self, q: Array, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
+    ) -> Tuple[Array, Array]: ...
+
+def merge_state(v_a: Array, s_a: Array, v_b: Array, s_b: Array) -> Tuple[Array, Array]: ...
+def merge_state_in_place(
+    v: Array, s: Array, v_other: Array, s_other: Array, mask: Optional[Array] = None
+) -> None: ...
+def merge_states(v: Array, s: Array) -> Tuple[Array, Array]: ...
+def append_paged_kv_cache(
+    append_key: Array,
+    append_value: Array,
+    batch_indices: Array,
+    positions: Array,
+    paged_kv_cache: PagedKVCache,
+    kv_indices: Array,
+    kv_indptr: Array,
+    kv_last_page_len: Array,
+    kv_layout: str = "NHD",
+) -> None: ...
+def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> Array: ...
+def get_batch_indices_positions(
+    append_indptr: Array, seq_lens: Array, nnz: int
+) -> Tuple[Array, Array]: ...

@@ -1,0 +1,40 @@
+//! `attnforge._native`: the compiled half of the `attnforge` Python package.
+//!
+//! The Python modules (`attnforge.flashinfer`) check the arguments, allocate outputs with the
+//! caller's array library and hand every array over as a descriptor (data address, shape,
+//! element strides, dtype, device: [`array::ArrayArg`]); nothing here depends on numpy's or
+//! torch's binary interface. CPU arrays run on attnforge's CPU backend, CUDA arrays on its CUDA
+//! backend, on the caller's stream.
+//!
+//! | module | job |
+//! |---|---|
+//! | `array` | array descriptors; strided reads and writes of host arrays |
+//! | `errors` | attnforge's errors as Python exceptions |
+//! | `spec` | attention options from Python into an [`attnforge::AttentionProblem`] |
+//! | `cache` | paged KV cache descriptors into a [`attnforge::paged::PagedKvLayout`] |
+//! | `gpu` | engines per device, the caller's stream, borrowed device buffers |
+//! | `plans` | the ragged and paged plans (`plan` once, `run` many times) |
+//! | `state` | `merge_state(s)` and the paged-cache append |
+
+mod array;
+mod cache;
+mod errors;
+mod gpu;
+mod plans;
+mod spec;
+mod state;
+
+use pyo3::prelude::*;
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<plans::RaggedPlan>()?;
+    m.add_class::<plans::PagedPlan>()?;
+    m.add_function(wrap_pyfunction!(state::merge_state, m)?)?;
+    m.add_function(wrap_pyfunction!(state::merge_states, m)?)?;
+    m.add_function(wrap_pyfunction!(state::append_paged_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::cuda_available, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,489 @@
+//! The ragged and paged plans: built once by `plan`, run many times.
+//!
+//! A plan holds the validated problem. On a CUDA device it also holds attnforge's device plans
+//! (kernel compiled, index arrays uploaded) for contiguous queries, keys and values, so `run` on
+//! such inputs only checks its arguments and launches on the caller's stream: no allocation, no
+//! synchronisation, safe inside CUDA-graph capture. Inputs with other strides get a device plan
+//! of their own on first use (that first run allocates), kept for the next runs.
+
+use crate::array::ArrayArg;
+use crate::cache;
+use crate::errors::{invalid, IntoPy};
+use crate::gpu;
+use crate::spec::AttnSpec;
+use attnforge::cuda::{self as ac, DevicePagedKv, DeviceTensor, Engine};
+use attnforge::paged::{KvStorage, PageTable, PagedAttention, PagedKvLayout};
+use attnforge::problem::TensorView;
+use attnforge::{AttentionOutput, AttentionProblem, DType};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Checks that `a` has exactly `shape`.
+pub fn expect_shape(a: &ArrayArg, name: &str, shape: &[usize]) -> PyResult<()> {
+    a.check(name, shape.len())?;
+    if a.shape() != shape {
+        return Err(invalid(
+            name,
+            format!("has shape {:?}; expected {shape:?}", a.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// The `[tokens, heads, dim]` view of `a` (element strides), or a `ValueError` when its head dim
+/// is not contiguous.
+fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
+    let s = a.strides();
+    if a.shape()[2] > 1 && s[2] != 1 {
+        return Err(invalid(
+            name,
+            format!("has stride {} along the head dim; it must be 1", s[2]),
+        ));
+    }
+    Ok(TensorView {
+        offset: 0,
+        token_stride: s[0] as usize,
+        head_stride: s[1] as usize,
+    })
+}
+
+/// The device plans of one plan, by the strides (and storage) they were made for.
+///
+/// attnforge uploads a plan's arrays on the engine's own stream, and the caller's stream reads
+/// them: a new plan waits for its uploads before it is used, and dropping the plans waits for
+/// the device to be idle, so that no launch still in flight on the caller's stream reads freed
+/// memory.
+struct DevicePlans<K, P> {
+    engine: Arc<Engine>,
+    plans: Mutex<HashMap<K, Arc<P>>>,
+}
+
+impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
+    /// The plan for `key`, made by `build` on first use.
+    fn get(&self, key: K, build: impl FnOnce(&Engine) -> PyResult<P>) -> PyResult<Arc<P>> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("plan state poisoned"))?;
+        if let Some(plan) = plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(build(&self.engine)?);
+        self.engine.synchronize().py()?;
+        plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+}
+
+impl<K, P> Drop for DevicePlans<K, P> {
+    fn drop(&mut self) {
+        // Best effort: a failed synchronisation is reported by the next call on the device.
+        let _ = self.engine.context().synchronize();
+    }
+}
+
+/// Checks `o` (and `lse`) against the problem; on the GPU they must be contiguous.
+fn check_outputs(
+    p: &AttentionProblem,
+    o: &ArrayArg,
+    lse: Option<&ArrayArg>,
+    on_gpu: bool,
+) -> PyResult<()> {
+    let (qo, h) = (p.batch.total_qo(), p.num_qo_heads);
+    expect_shape(o, "out", &[qo, h, p.head_dims.vo()])?;
+    if o.dtype("out")? != p.output_dtype {
+        return Err(invalid(
+            "out",
+            format!("has dtype {}; expected {}", o.dtype("out")?, p.output_dtype),
+        ));
+    }
+    if let Some(l) = lse {
+        expect_shape(l, "lse", &[qo, h])?;
+        if l.dtype("lse")? != DType::F32 {
+            return Err(invalid("lse", "must be float32"));
+        }
+    }
+    if on_gpu {
+        for (name, a) in [("out", Some(o)), ("lse", lse)] {
+            if a.is_some_and(|a| !a.is_contiguous()) {
+                return Err(invalid(name, "must be contiguous on a CUDA device"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes a CPU result into `o` and `lse`.
+fn write_host(out: &AttentionOutput, o: &ArrayArg, lse: Option<&ArrayArg>) -> PyResult<()> {
+    o.write_host("out", &out.o)?;
+    if let (Some(l), Some(values)) = (lse, &out.lse) {
+        l.write_host_f32("lse", values)?;
+    }
+    Ok(())
+}
+
+/// The device outputs, borrowed.
+fn gpu_outputs(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    p: &AttentionProblem,
+    o: &ArrayArg,
+    lse: Option<&ArrayArg>,
+) -> PyResult<(DeviceTensor, Option<DeviceTensor>)> {
+    let o = gpu::borrow(stream, o, "out", p.output_dtype)?;
+    let lse = lse
+        .map(|l| gpu::borrow(stream, l, "lse", DType::F32))
+        .transpose()?;
+    Ok((o, lse))
+}
+
+type Views = [usize; 6];
+
+fn views_key(q: &TensorView, k: &TensorView, v: &TensorView) -> Views {
+    [
+        q.token_stride,
+        q.head_stride,
+        k.token_stride,
+        k.head_stride,
+        v.token_stride,
+        v.head_stride,
+    ]
+}
+
+/// A ragged prefill plan (`BatchPrefillWithRaggedKVCacheWrapper`, single prefill).
+#[pyclass(module = "attnforge._native")]
+pub struct RaggedPlan {
+    problem: AttentionProblem,
+    device: Option<DevicePlans<Views, ac::PrefillPlan>>,
+}
+
+#[pymethods]
+impl RaggedPlan {
+    /// Plans the problem on `device` (a CUDA ordinal, or -1 for the CPU backend). On a GPU the
+    /// device plan for contiguous inputs is made now, unless `lazy` (a plan run once, on inputs
+    /// whose strides it does not know yet: the first `run` makes the plan it needs).
+    #[new]
+    #[pyo3(signature = (qo_indptr, kv_indptr, spec, device, lazy = false))]
+    fn new(
+        qo_indptr: Vec<i32>,
+        kv_indptr: Vec<i32>,
+        spec: AttnSpec,
+        device: i64,
+        lazy: bool,
+    ) -> PyResult<Self> {
+        let problem = spec.ragged_problem(qo_indptr, kv_indptr)?;
+        let device = match usize::try_from(device) {
+            Err(_) => None,
+            Ok(ordinal) => {
+                let device = DevicePlans {
+                    engine: gpu::engine(ordinal)?,
+                    plans: Mutex::new(HashMap::new()),
+                };
+                if !lazy {
+                    let key = views_key(&problem.q_view, &problem.k_view, &problem.v_view);
+                    device.get(key, |e| ac::PrefillPlan::new(e, &problem).py())?;
+                }
+                Some(device)
+            }
+        };
+        Ok(RaggedPlan { problem, device })
+    }
+
+    /// Runs on `q [total_qo, Hq, Dqk]`, `k [total_kv, Hkv, Dqk]`, `v [total_kv, Hkv, Dvo]` into
+    /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
+    #[pyo3(signature = (q, k, v, o, lse, stream))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        q: ArrayArg,
+        k: ArrayArg,
+        v: ArrayArg,
+        o: ArrayArg,
+        lse: Option<ArrayArg>,
+        stream: u64,
+    ) -> PyResult<()> {
+        let p = &self.problem;
+        let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
+        let (dqk, dvo) = (p.head_dims.qk(), p.head_dims.vo());
+        expect_shape(&q, "q", &[qo, p.num_qo_heads, dqk])?;
+        expect_shape(&k, "k", &[kv, p.num_kv_heads, dqk])?;
+        expect_shape(&v, "v", &[kv, p.num_kv_heads, dvo])?;
+        for (name, a) in [("q", &q), ("k", &k), ("v", &v)] {
+            if a.dtype(name)? != p.input_dtype {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "has dtype {}; the plan's is {}",
+                        a.dtype(name)?,
+                        p.input_dtype
+                    ),
+                ));
+            }
+        }
+        let mut arrays = vec![("q", &q), ("k", &k), ("v", &v), ("out", &o)];
+        arrays.extend(lse.as_ref().map(|l| ("lse", l)));
+        let on = gpu::common_device(&arrays)?;
+        check_outputs(p, &o, lse.as_ref(), on.is_some())?;
+        match (&self.device, on) {
+            // The CPU backend runs without the GIL (the arrays stay referenced by the caller).
+            (None, None) => py.detach(|| {
+                let mut p = p.clone();
+                p.return_lse = lse.is_some();
+                let out = attnforge::cpu::attention(
+                    &p,
+                    &q.read_host("q")?,
+                    &k.read_host("k")?,
+                    &v.read_host("v")?,
+                )
+                .py()?;
+                write_host(&out, &o, lse.as_ref())
+            }),
+            (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
+                let (qv, kv_, vv) = (view(&q, "q")?, view(&k, "k")?, view(&v, "v")?);
+                let plan = device.get(views_key(&qv, &kv_, &vv), |e| {
+                    let mut vp = p.clone();
+                    (vp.q_view, vp.k_view, vp.v_view) = (qv, kv_, vv);
+                    ac::PrefillPlan::new(e, &vp).py()
+                })?;
+                let stream = gpu::stream(&device.engine, stream);
+                let dt = p.input_dtype;
+                let (qd, kd, vd) = (
+                    gpu::borrow(&stream, &q, "q", dt)?,
+                    gpu::borrow(&stream, &k, "k", dt)?,
+                    gpu::borrow(&stream, &v, "v", dt)?,
+                );
+                let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
+                plan.run_on(&stream, &qd, &kd, &vd, &mut od, ld.as_mut())
+                    .py()
+            }
+            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
+        }
+    }
+}
+
+fn device_mismatch(planned: Option<&Arc<Engine>>, given: Option<usize>) -> PyErr {
+    let planned = planned.map_or("cpu".into(), |e| format!("cuda:{}", e.info().ordinal));
+    let given = given.map_or("cpu".into(), |o| format!("cuda:{o}"));
+    invalid(
+        "q",
+        format!("is on {given} but the plan was made for {planned}"),
+    )
+}
+
+type PagedKey = (KvStorage, usize, usize);
+
+/// A paged plan (`BatchPrefillWithPagedKVCacheWrapper`, `BatchDecodeWithPagedKVCacheWrapper`).
+#[pyclass(module = "attnforge._native")]
+pub struct PagedPlan {
+    problem: AttentionProblem,
+    table: PageTable,
+    /// The layout planned for, with the smallest page count the table allows.
+    layout: PagedKvLayout,
+    device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
+}
+
+impl PagedPlan {
+    /// The paged problem over a cache laid out as `layout`.
+    fn paged(
+        &self,
+        layout: PagedKvLayout,
+        q_view: TensorView,
+        return_lse: bool,
+    ) -> PyResult<PagedAttention> {
+        let mut p = self.problem.clone();
+        p.q_view = q_view;
+        p.return_lse = return_lse;
+        PagedAttention::new(p, layout, self.table.clone()).py()
+    }
+}
+
+#[pymethods]
+impl PagedPlan {
+    /// Plans queries `qo_indptr` over the pages of the table, `page_size` tokens each, laid out
+    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        qo_indptr: Vec<i32>,
+        kv_page_indptr: Vec<i32>,
+        kv_page_indices: Vec<i32>,
+        kv_last_page_len: Vec<i32>,
+        page_size: usize,
+        kv_layout: &str,
+        spec: AttnSpec,
+        device: i64,
+    ) -> PyResult<Self> {
+        let table = PageTable {
+            kv_page_indptr,
+            kv_page_indices,
+            kv_last_page_len,
+        };
+        let num_pages = table
+            .kv_page_indices
+            .iter()
+            .map(|&i| i.max(0) as usize + 1)
+            .max()
+            .unwrap_or(1);
+        let layout = PagedKvLayout {
+            num_pages,
+            page_size,
+            num_kv_heads: spec.num_kv_heads,
+            head_dims: spec.head_dims()?,
+            order: cache::order(kv_layout)?,
+            storage: KvStorage::Separate,
+            dtype: spec.dtype()?,
+        };
+        let p = PagedAttention::problem_for(qo_indptr, spec.num_qo_heads, &layout, &table).py()?;
+        let problem = spec.apply(p)?;
+        let mut plan = PagedPlan {
+            layout,
+            problem,
+            table,
+            device: None,
+        };
+        let contiguous = plan.problem.q_view;
+        plan.paged(layout, contiguous, true)?;
+        if let Ok(ordinal) = usize::try_from(device) {
+            let device = DevicePlans {
+                engine: gpu::engine(ordinal)?,
+                plans: Mutex::new(HashMap::new()),
+            };
+            let mut storages = vec![KvStorage::Separate];
+            if layout.head_dims.qk() == layout.head_dims.vo() {
+                storages.push(KvStorage::Combined);
+            }
+            for storage in storages {
+                let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
+                let key = (storage, contiguous.token_stride, contiguous.head_stride);
+                device.get(key, |e| ac::PagedPlan::new(e, &paged).py())?;
+            }
+            plan.device = Some(device);
+        }
+        Ok(plan)
+    }
+
+    /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array or K and V) into `o`
+    /// and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
+    #[pyo3(signature = (q, cache, o, lse, stream))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        q: ArrayArg,
+        cache: Vec<ArrayArg>,
+        o: ArrayArg,
+        lse: Option<ArrayArg>,
+        stream: u64,
+    ) -> PyResult<()> {
+        let p = &self.problem;
+        expect_shape(
+            &q,
+            "q",
+            &[p.batch.total_qo(), p.num_qo_heads, p.head_dims.qk()],
+        )?;
+        if q.dtype("q")? != p.input_dtype {
+            return Err(invalid(
+                "q",
+                format!(
+                    "has dtype {}; the plan's is {}",
+                    q.dtype("q")?,
+                    p.input_dtype
+                ),
+            ));
+        }
+        let order = match self.layout.order {
+            attnforge::paged::KvOrder::Nhd => "NHD",
+            attnforge::paged::KvOrder::Hnd => "HND",
+        };
+        let layout = cache::layout(&cache, order)?;
+        for (what, planned, given) in [
+            ("page_size", self.layout.page_size, layout.page_size),
+            (
+                "num_kv_heads",
+                self.layout.num_kv_heads,
+                layout.num_kv_heads,
+            ),
+            (
+                "head_dim_qk",
+                self.layout.head_dims.qk(),
+                layout.head_dims.qk(),
+            ),
+            (
+                "head_dim_vo",
+                self.layout.head_dims.vo(),
+                layout.head_dims.vo(),
+            ),
+        ] {
+            if planned != given {
+                return Err(invalid(
+                    "paged_kv_cache",
+                    format!("has {what} {given}; the plan's is {planned}"),
+                ));
+            }
+        }
+        let mut arrays = vec![("q", &q), ("out", &o)];
+        arrays.extend(cache.iter().map(|a| ("paged_kv_cache", a)));
+        arrays.extend(lse.as_ref().map(|l| ("lse", l)));
+        let on = gpu::common_device(&arrays)?;
+        check_outputs(p, &o, lse.as_ref(), on.is_some())?;
+        match (&self.device, on) {
+            (None, None) => {
+                let paged = self.paged(layout, p.q_view, lse.is_some())?;
+                py.detach(|| {
+                    let buffers = cache::read_host(&cache)?;
+                    let out = attnforge::cpu::paged_attention(
+                        &paged,
+                        &q.read_host("q")?,
+                        cache::host_view(&buffers),
+                    )
+                    .py()?;
+                    write_host(&out, &o, lse.as_ref())
+                })
+            }
+            (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
+                for (i, a) in cache.iter().enumerate() {
+                    if !a.is_contiguous() {
+                        return Err(invalid(
+                            &format!("paged_kv_cache[{i}]"),
+                            "must be contiguous on a CUDA device (or the two halves of one combined cache)",
+                        ));
+                    }
+                }
+                if layout.num_pages < self.layout.num_pages {
+                    return Err(invalid(
+                        "paged_kv_cache",
+                        format!(
+                            "has {} pages; the page table uses page ids up to {}",
+                            layout.num_pages,
+                            self.layout.num_pages - 1
+                        ),
+                    ));
+                }
+                let qv = view(&q, "q")?;
+                let storage = layout.storage;
+                let plan = device.get((storage, qv.token_stride, qv.head_stride), |e| {
+                    let planned = PagedKvLayout {
+                        storage,
+                        ..self.layout
+                    };
+                    ac::PagedPlan::new(e, &self.paged(planned, qv, true)?).py()
+                })?;
+                let stream = gpu::stream(&device.engine, stream);
+                let dt = p.input_dtype;
+                let qd = gpu::borrow(&stream, &q, "q", dt)?;
+                let bufs = cache
+                    .iter()
+                    .map(|a| gpu::borrow(&stream, a, "paged_kv_cache", dt))
+                    .collect::<PyResult<Vec<_>>>()?;
+                let cache = match bufs.as_slice() {
+                    [kv] => DevicePagedKv::Combined(kv),
+                    [k, v] => DevicePagedKv::Separate { k, v },
+                    _ => return Err(invalid("paged_kv_cache", "expected one or two arrays")),
+                };
+                let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
+                plan.run_on(&stream, &qd, cache, &mut od, ld.as_mut()).py()
+            }
+            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
+        }
+    }
+}

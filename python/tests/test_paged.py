@@ -1,0 +1,134 @@
+"""The paged wrappers (prefill and decode), append_paged_kv_cache and the merges on the CPU
+backend, against the float64 reference, with fresh random inputs each run."""
+
+import attnforge.flashinfer as fi
+import numpy as np
+import pytest
+
+from reference import attention, gather_pages
+
+rng = np.random.default_rng()
+LN2 = np.log(2.0)
+
+
+def rand(shape, dtype=np.float16):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_cache(kv_lens, page_size, hkv, d, layout, combined):
+    """A cache holding random pages in a shuffled order, and its page table."""
+    pages_per = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(pages_per) + 3
+    ids = rng.permutation(num_pages)[: sum(pages_per)].astype(np.int32)
+    indptr = np.cumsum([0] + pages_per).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size for n, p in zip(kv_lens, pages_per)], np.int32)
+    page = (page_size, hkv, d) if layout == "NHD" else (hkv, page_size, d)
+    if combined:
+        kv = rand((num_pages, 2) + page)
+        return kv, (kv[:, 0], kv[:, 1]), ids, indptr, last
+    k, v = rand((num_pages,) + page), rand((num_pages,) + page)
+    return (k, v), (k, v), ids, indptr, last
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_prefill(layout, combined, causal):
+    page_size, hq, hkv, d = 16, 8, 2, 128
+    kv_lens = [int(n) for n in rng.integers(20, 100, 4)]
+    qo_lens = [int(rng.integers(1, n + 1)) for n in kv_lens]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, combined)
+    qo_indptr = np.cumsum([0] + qo_lens).astype(np.int32)
+    q = rand((qo_indptr[-1], hq, d))
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(np.empty(1, np.uint8), layout)
+    w.plan(qo_indptr, indptr, ids, last, hq, hkv, d, page_size, causal=causal)
+    o, lse = w.run(q, cache, return_lse=True)
+    for r in range(len(kv_lens)):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, layout)
+        qs = slice(qo_indptr[r], qo_indptr[r + 1])
+        want_o, want_lse = attention(q[qs], k, v, causal=causal)
+        np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+        np.testing.assert_allclose(lse[qs], want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("window_left,cap", [(-1, None), (20, None), (-1, 10.0)])
+def test_decode(layout, window_left, cap):
+    page_size, hq, hkv, d = 8, 8, 8, 64
+    kv_lens = [int(n) for n in rng.integers(1, 70, 6)]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, True)
+    q = rand((len(kv_lens), hq, d))
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8), layout)
+    w.plan(indptr, ids, last, hq, hkv, d, page_size, window_left=window_left, logits_soft_cap=cap)
+    o = w.run(q, cache)
+    for r in range(len(kv_lens)):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, layout)
+        want, _ = attention(q[r : r + 1], k, v, causal=True, window_left=window_left, soft_cap=cap)
+        np.testing.assert_allclose(o[r : r + 1].astype(np.float64), want, atol=2e-2, rtol=2e-2)
+
+
+def test_append_then_decode():
+    page_size, hkv, d = 4, 2, 64
+    old = [5, 0, 9]
+    new = [3, 2, 1]
+    total = [a + b for a, b in zip(old, new)]
+    cache, (ck, cv), ids, indptr, last = make_cache(total, page_size, hkv, d, "NHD", False)
+    before = (ck.copy(), cv.copy())
+    k_new, v_new = rand((sum(new), hkv, d)), rand((sum(new), hkv, d))
+    seq_lens = fi.get_seq_lens(indptr, last, page_size)
+    np.testing.assert_array_equal(seq_lens, total)
+    append_indptr = np.cumsum([0, *new]).astype(np.int32)
+    batch, pos = fi.get_batch_indices_positions(append_indptr, seq_lens, sum(new))
+    np.testing.assert_array_equal(batch, np.repeat(np.arange(3), new))
+    np.testing.assert_array_equal(
+        pos, np.concatenate([np.arange(o, o + n) for o, n in zip(old, new)])
+    )
+    fi.append_paged_kv_cache(k_new, v_new, batch, pos, cache, ids, indptr, last, "NHD")
+    start = 0
+    for r in range(3):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
+        k0, v0 = gather_pages(*before, indptr, ids, last, r, "NHD")
+        np.testing.assert_array_equal(k[: old[r]], k0[: old[r]])
+        np.testing.assert_array_equal(v[: old[r]], v0[: old[r]])
+        np.testing.assert_array_equal(k[old[r] :], k_new[start : start + new[r]])
+        np.testing.assert_array_equal(v[old[r] :], v_new[start : start + new[r]])
+        start += new[r]
+    with pytest.raises(NotImplementedError, match="positions"):
+        fi.append_paged_kv_cache(k_new, v_new, batch, pos[::-1].copy(), cache, ids, indptr, last)
+
+
+def merged_reference(vs, ss):
+    """float64 merge of states (base-2 LSEs)."""
+    s = np.stack([x.astype(np.float64) for x in ss])
+    m = s.max(axis=0)
+    w = np.exp2(s - m)
+    total = w.sum(axis=0)
+    v = sum(w[i][..., None] * vs[i].astype(np.float64) for i in range(len(vs))) / total[..., None]
+    return v, m + np.log2(total)
+
+
+def test_merge_state():
+    seq, h, d = 11, 4, 64
+    v_a, v_b = rand((seq, h, d)), rand((seq, h, d))
+    s_a, s_b = rand((seq, h), np.float32) * 4, rand((seq, h), np.float32) * 4
+    v, s = fi.merge_state(v_a, s_a, v_b, s_b)
+    want_v, want_s = merged_reference([v_a, v_b], [s_a, s_b])
+    np.testing.assert_allclose(v.astype(np.float64), want_v, atol=2e-3, rtol=2e-3)
+    np.testing.assert_allclose(s, want_s, atol=1e-5, rtol=1e-5)
+    mask = rng.random(seq) < 0.5
+    v_in, s_in = v_a.copy(), s_a.copy()
+    fi.merge_state_in_place(v_in, s_in, v_b, s_b, mask=mask)
+    np.testing.assert_array_equal(v_in[mask], v[mask])
+    np.testing.assert_array_equal(v_in[~mask], v_a[~mask])
+    np.testing.assert_array_equal(s_in[~mask], s_a[~mask])
+
+
+def test_merge_states_matches_split_attention():
+    """Attention over two halves of the keys, merged, equals attention over all of them."""
+    q, k, v = rand((9, 4, 64)), rand((50, 4, 64)), rand((50, 4, 64))
+    o1, l1 = fi.single_prefill_with_kv_cache(q, k[:20], v[:20], return_lse=True)
+    o2, l2 = fi.single_prefill_with_kv_cache(q, k[20:], v[20:], return_lse=True)
+    o, lse = fi.merge_states(np.stack([o1, o2], axis=1), np.stack([l1, l2], axis=1))
+    want_o, want_lse = attention(q, k, v)
+    np.testing.assert_allclose(o.astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-3)
