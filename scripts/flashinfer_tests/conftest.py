@@ -7,6 +7,7 @@ FlashInfer's JIT internals). It changes no test and no assertion; it only:
 - selects a sample of each test function's parametrizations (`--fi-per-test`, `--fi-part`):
   the items of one function are ranked by a hash of their test id and every Nth rank is kept, so
   a sample spreads over all parameter values and the parts 0..N-1 cover the grid exactly once;
+  the kept tests run one of each function in turn (they are independent: only the order changes);
 - skips the tests not started by a deadline (`--fi-deadline-at`), with a reason that says so;
 - reports a `NotImplementedError` raised inside the `attnforge` package (an argument attnforge
   refuses on purpose) as an expected failure whose reason is the error's message, so those are
@@ -86,13 +87,14 @@ def pytest_collection_modifyitems(config, items):
     groups = {}
     for item in items:
         groups.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
-    keep = set()
+    samples = []
     for group in groups.values():
         stride = 1 if per_test <= 0 else max(1, -(-len(group) // per_test))
-        for rank, item in enumerate(sorted(group, key=_rank_key)):
-            if rank % stride == part % stride:
-                keep.add(item.nodeid)
-    selected = [item for item in items if item.nodeid in keep]
+        ranked = sorted(group, key=_rank_key)
+        samples.append([item for rank, item in enumerate(ranked) if rank % stride == part % stride])
+    # One test of each function in turn, so a time cap leaves no function without a run.
+    selected = [s[i] for i in range(max(map(len, samples), default=0)) for s in samples if i < len(s)]
+    keep = {item.nodeid for item in selected}
     deselected = [item for item in items if item.nodeid not in keep]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
