@@ -55,12 +55,12 @@ class _Results:
     """The JSON-lines log of one pytest process."""
 
     def __init__(self, path):
-        self._file = open(path, "a", encoding="utf-8") if path else None
+        self._path = path
 
     def write(self, record):
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+        if self._path:
+            with open(self._path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 # The results log of this process (the logstart and logreport hooks receive no config).
@@ -93,7 +93,9 @@ def pytest_collection_modifyitems(config, items):
         ranked = sorted(group, key=_rank_key)
         samples.append([item for rank, item in enumerate(ranked) if rank % stride == part % stride])
     # One test of each function in turn, so a time cap leaves no function without a run.
-    selected = [s[i] for i in range(max(map(len, samples), default=0)) for s in samples if i < len(s)]
+    selected = [
+        s[i] for i in range(max(map(len, samples), default=0)) for s in samples if i < len(s)
+    ]
     keep = {item.nodeid for item in selected}
     deselected = [item for item in items if item.nodeid not in keep]
     if deselected:
