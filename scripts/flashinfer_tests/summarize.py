@@ -4,7 +4,8 @@ Reads the JSON lines our conftest.py wrote, one file per test file (FILE.jsonl i
 folder), and writes summary.md there (also printed): one row per test file with its counts, then
 per file the reasons of failures, refusals (attnforge's NotImplementedError) and skips, grouped,
 with one test id each. A test that started but has no result was running when its file's
-pytest was killed (time limit or crash): it counts as failed, as "killed".
+pytest was killed (time limit or crash): it counts as failed, as "killed"; the tests after it
+count as not run, with those the time cap skipped.
 
 Usage: python3 summarize.py RESULTS_DIR [SECONDS_FILE]
 SECONDS_FILE holds lines "FILE SECONDS EXIT_STATUS" written by the runner. Exits 1 when a test
@@ -76,6 +77,7 @@ def main():
         name = os.path.basename(path)[: -len(".jsonl")]
         head, results = read(path)
         counts = collections.Counter(r["outcome"] for r in results.values())
+        counts["time_cap"] += max(0, head.get("selected", 0) - len(results))  # after a kill
         totals.update(counts)
         totals["collected"] += head.get("collected", 0)
         totals["selected"] += head.get("selected", 0)
