@@ -4,7 +4,8 @@
 FlashInfer's test files, in place of FlashInfer's own `tests/conftest.py`, which imports
 FlashInfer's JIT internals). It changes no test and no assertion; it only:
 
-- selects a sample of each test function's parametrizations (`--fi-per-test`, `--fi-part`):
+- selects a sample of each test function's parametrizations (`--fi-per-test`, `--fi-part`,
+  taken after pytest's `-k` and `-m`):
   the items of one function are ranked by a hash of their test id and every Nth rank is kept, so
   a sample spreads over all parameter values and the parts 0..N-1 cover the grid exactly once;
   the kept tests run one of each function in turn (they are independent: only the order changes);
@@ -81,6 +82,7 @@ def _rank_key(item):
     return (zlib.crc32(item.nodeid.encode()), item.nodeid)
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m, so the sample is taken from what they keep
 def pytest_collection_modifyitems(config, items):
     per_test = config.getoption("--fi-per-test")
     part = config.getoption("--fi-part")
