@@ -22,6 +22,7 @@ from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse,
 __all__ = [
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
+    "single_decode_with_kv_cache",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
@@ -148,6 +149,57 @@ def single_prefill_with_kv_cache(
 single_prefill_with_kv_cache_return_lse = functools.partial(
     single_prefill_with_kv_cache, return_lse=True
 )
+
+
+def single_decode_with_kv_cache(
+    q,
+    k,
+    v,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_tensor_cores=False,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    return_lse=False,
+):
+    """Decode attention of one request: ``q [Hq, D]`` (the request's newest token) over ``k``,
+    ``v`` as in ``single_prefill_with_kv_cache``. Returns ``o [Hq, Dvo]``, or ``(o, lse)`` with
+    the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
+    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel)."""
+    refuse_set(
+        q_scale=(q_scale, "fp8 inputs are not supported yet"),
+        k_scale=(k_scale, "fp8 inputs are not supported yet"),
+        v_scale=(v_scale, "fp8 inputs are not supported yet"),
+    )
+    A.describe(q, "q")
+    if len(q.shape) != 2:
+        raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
+    o, lse = single_prefill_with_kv_cache(
+        q[None],
+        k,
+        v,
+        causal=True,
+        kv_layout=kv_layout,
+        pos_encoding_mode=pos_encoding_mode,
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        return_lse=True,
+    )
+    if pos_encoding_mode == "ALIBI":
+        # The prefill's LSE follows FlashInfer's prefill bias slope * (j - i) with i = 0; the
+        # decode's query sits at kv_len - 1, so its bias and LSE are attnforge's own.
+        kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
+        lse -= A.from_list(lse, [s * (kv_len - 1) for s in alibi_slopes(q.shape[0])])
+    return (o[0], lse[0]) if return_lse else o[0]
 
 
 class _Wrapper:

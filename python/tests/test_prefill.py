@@ -142,3 +142,27 @@ def test_alibi(causal, num_heads):
     want_o, want_lse = attention(q, k, v, causal=causal, alibi=slopes)
     close(o, want_o, np.float32)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("window,cap", [(-1, None), (20, None), (-1, 30.0)])
+def test_single_decode(kv_layout, window, cap):
+    kv, hq, hkv, d = 77, 8, 2, 64
+    q = rand((hq, d), np.float32)
+    k = rand((kv, hkv, d), np.float32)
+    v = rand((kv, hkv, d), np.float32)
+    kk, vv = (
+        (np.ascontiguousarray(np.swapaxes(x, 0, 1)) for x in (k, v))
+        if kv_layout == "HND"
+        else (k, v)
+    )
+    o, lse = fi.single_decode_with_kv_cache(
+        q, kk, vv, kv_layout=kv_layout, window_left=window, logits_soft_cap=cap, return_lse=True
+    )
+    assert o.shape == (hq, d) and lse.shape == (hq,)
+    # The decode query is the newest token: position kv_len - 1 of a causal prefill.
+    want_o, want_lse = attention(q[None], k, v, causal=True, window_left=window, soft_cap=cap)
+    close(o, want_o[0], np.float32)
+    np.testing.assert_allclose(lse, want_lse[0], atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError):
+        fi.single_decode_with_kv_cache(q[None], kk, vv, kv_layout=kv_layout)
