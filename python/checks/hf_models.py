@@ -50,11 +50,16 @@ decode bound at that step (``ERR_FACTOR`` times transformers' largest logit erro
 unit roundoff of the largest logit) plus transformers' own error. The steps after such a tie are
 still checked by the decode row, which follows attnforge's own tokens.
 
-Runs on a CUDA GPU with torch, transformers 5.x and the attnforge wheel; exits 0 when every row
-passes, 1 when one fails, 2 when it cannot run (no torch, no GPU, no transformers 5.x, no
-attnforge).
+Sensitivity, measured on attnforge's CPU backend: dropping Gemma-2's soft-cap gives errors of
+0.3 and widening its window by 4 tokens errors of 0.6 to 0.7, against bounds near 0.06, and the
+greedy-tokens row fails with either.
+
+Runs on a CUDA GPU with torch, transformers 5.x and the attnforge wheel (``--device cpu``: the
+same on attnforge's CPU backend, in under a minute); exits 0 when every row passes, 1 when one
+fails, 2 when it cannot run (no torch, no GPU, no transformers 5.x, no attnforge).
 
     python3 python/checks/hf_models.py [--dtype bfloat16|float16] [--models llama,gemma2]
+                                       [--device cuda|cpu]
 """
 
 import argparse
@@ -77,7 +82,7 @@ SCORE_STD = 2.5
 ERR_FACTOR = 2.0
 SEED = 0
 WORKSPACE_BYTES = 16 << 20
-DEVICE = "cuda"
+DEVICE = "cuda"  # --device cpu runs the same on attnforge's CPU backend
 
 
 def cannot_run(why):
@@ -85,11 +90,11 @@ def cannot_run(why):
     sys.exit(2)
 
 
-def import_stack():
+def import_stack(device):
     """transformers and attnforge.flashinfer, or exit 2 saying what is missing."""
     if torch is None:
         cannot_run("torch is not installed (this check runs on a GPU machine with torch)")
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         cannot_run("torch.cuda is not available: this check needs a CUDA GPU")
     try:
         import transformers
@@ -488,6 +493,10 @@ def check_model(name, model_class, config, ref_impl, fi, backend, dtype):
     return [(name,) + row for row in rows]
 
 
+def device_name():
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (attnforge's CPU backend)"
+
+
 def print_table(rows):
     head = ("model", "check", "metric", "bound", "result")
     cells = [head] + [(m, c, metric, b, "PASS" if ok else "FAIL") for m, c, metric, b, ok in rows]
@@ -500,8 +509,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--models", default="llama,gemma2", help="comma-separated: llama,gemma2")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
-    transformers, attnforge, fi = import_stack()
+    global DEVICE
+    DEVICE = args.device
+    transformers, attnforge, fi = import_stack(DEVICE)
     transformers.logging.set_verbosity_error()
     torch.set_float32_matmul_precision("highest")  # the float32 yardstick without TF32
     dtype = getattr(torch, args.dtype)
@@ -514,7 +526,7 @@ def main():
     transformers.AttentionInterface.register("attnforge", backend)
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, attnforge "
-        f"{attnforge.__version__}, {torch.cuda.get_device_name()}, {args.dtype}, prompts "
+        f"{attnforge.__version__}, {device_name()}, {args.dtype}, prompts "
         f"{list(PROMPT_LENS)}, {NEW_TOKENS} new tokens, page size {PAGE_SIZE}"
     )
     rows = []
