@@ -149,6 +149,16 @@ def graph_time(call, calls):
     return statistics.median(times)
 
 
+def settle():
+    """Waits for the device after a failed capture; False when the device reports an error."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        print(f"host_overhead: the device failed after a graph capture: {short(exc)}")
+        return False
+    return True
+
+
 def short(exc):
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
@@ -255,7 +265,7 @@ def measure(impl, factory, args):
                     kernel = f"{graph_time(call, args.calls):.4f}"
                 except Exception as exc:  # noqa: BLE001 (capture refused: the host time stands)
                     note = (note + "; " if note else "") + f"graph capture failed: {short(exc)}"
-                    torch.cuda.synchronize()
+                    ok &= settle()
             rows.append((impl, name, shape, f"{host_us:.1f}", kernel, note))
             print(f"[{impl}] {name} {shape}: {host_us:.1f} us host, {kernel} ms kernel", flush=True)
     return rows, ok
