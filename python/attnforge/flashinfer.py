@@ -26,6 +26,8 @@ __all__ = [
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
@@ -662,6 +664,41 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
 
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's decode wrapper over caller-provided index buffers for CUDA graphs: refused, as
+    ``use_cuda_graph=True`` is (attnforge's plans keep their own index arrays; ``run`` after
+    ``plan`` of the plain wrapper is capture-safe)."""
+
+    def __init__(
+        self,
+        workspace_buffer,
+        indptr_buffer,
+        indices_buffer,
+        last_page_len_buffer,
+        kv_layout="NHD",
+        use_tensor_cores=False,
+    ):
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+def fast_decode_plan(self, *args, **kwargs):
+    """FlashInfer's faster replacement of ``BatchDecodeWithPagedKVCacheWrapper.plan`` for CUDA
+    graphs over caller-provided buffers: refused, for the same reason as ``use_cuda_graph``."""
+    refuse(
+        "fast_decode_plan",
+        type(self).__name__,
+        "plans keep their own index arrays; plan() then run() is capture-safe without it",
+    )
+
+
 def _lse_to_natural(s):
     return s * A.LN2
 
@@ -772,6 +809,12 @@ def append_paged_kv_cache(
                 "attnforge appends each request's new tokens, grouped by request and in order,"
                 " as its last positions",
             )
+    # The kernel reads whole rows of new tokens: a strided slice of a CUDA tensor is copied into
+    # rows first, on the caller's stream (the append launches on it too).
+    append_key, append_value = (
+        x.contiguous() if A.is_torch(x) and not x.is_contiguous() else x
+        for x in (append_key, append_value)
+    )
     _native.append_paged_kv(
         A.describe(append_key, "append_key"),
         A.describe(append_value, "append_value"),

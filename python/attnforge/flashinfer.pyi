@@ -315,3 +315,16 @@ def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> A
 def get_batch_indices_positions(
     append_indptr: Array, seq_lens: Array, nnz: int
 ) -> Tuple[Array, Array]: ...
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    def __init__(
+        self,
+        workspace_buffer: Array,
+        indptr_buffer: Array,
+        indices_buffer: Array,
+        last_page_len_buffer: Array,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None: ...
+
+def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, *args: Any, **kwargs: Any) -> None: ...
