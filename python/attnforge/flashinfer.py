@@ -13,6 +13,7 @@ implement raises ``NotImplementedError`` naming it; bad input raises ``ValueErro
 ``TypeError`` with the Rust error's message before anything runs.
 """
 
+import collections
 import functools
 
 from . import _arrays as A
@@ -76,6 +77,38 @@ def _check_o_dtype(o_dtype, q):
         refuse("o_dtype", o_dtype, "the output has the dtype of q")
 
 
+# The plans of single_prefill_with_kv_cache, by everything they depend on, most recently used
+# last: repeated calls of one shape neither plan again nor wait for the device (replacing a plan
+# waits for the device to be idle, since a launch may still read its arrays). A call with a
+# custom mask, which the plan uploads, plans each time.
+_SINGLE_PLANS = collections.OrderedDict()
+# Plans kept: a few shapes of a model's layers and batch sizes, each plan a few small arrays.
+_SINGLE_PLANS_MAX = 32
+
+
+def _single_plan(qo_indptr, kv_indptr, options, device):
+    if options["packed_mask"] is not None:
+        return _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
+    key = (
+        tuple(qo_indptr),
+        tuple(kv_indptr),
+        device,
+        tuple(
+            (name, tuple(value) if isinstance(value, list) else value)
+            for name, value in sorted(options.items())
+        ),
+    )
+    plan = _SINGLE_PLANS.get(key)
+    if plan is None:
+        plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
+        _SINGLE_PLANS[key] = plan
+        if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
+            _SINGLE_PLANS.popitem(last=False)
+    else:
+        _SINGLE_PLANS.move_to_end(key)
+    return plan
+
+
 def single_prefill_with_kv_cache(
     q,
     k,
@@ -137,7 +170,7 @@ def single_prefill_with_kv_cache(
         packed_custom_mask,
         slopes,
     )
-    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q), lazy=True)
+    plan = _single_plan(qo_indptr, kv_indptr, options, A.device_of(q))
     out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
     _run_ragged(plan, q, k, v, out, lse)
     if lse is not None and slopes is not None:
