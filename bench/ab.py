@@ -108,14 +108,14 @@ def main():
                     print(f"ab.py: {name} failed on suite {suite} (exit {e.returncode})", file=sys.stderr)
                     failed = True
                     continue
-                for line in lines:
-                    line.update(bin=name, run=run)
-                    records.append(line)
-                    if line.get("status") != "ok":
-                        failed = True
-    with open(args.out, "a") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+                # Appended as each run ends, so that a run cut short keeps what it measured.
+                with open(args.out, "a") as f:
+                    for line in lines:
+                        line.update(bin=name, run=run)
+                        records.append(line)
+                        f.write(json.dumps(line) + "\n")
+                        if line.get("status") != "ok":
+                            failed = True
 
     a, b = bins[0][0], bins[1][0]
     print(f"\n| shape | {a} | {b} | {b} vs {a} |")

@@ -42,6 +42,10 @@ pub struct Args {
     /// and compile nothing (NAME: a kernel name, or text only one name contains).
     #[arg(long, value_name = "NAME")]
     explain: Option<String>,
+    /// No progress output on stderr (which then carries only errors); for logs that are read
+    /// after the run, where the table already lists every kernel.
+    #[arg(long)]
+    quiet: bool,
     /// Also print each kernel's compiler log (warnings and ptxas' report, including its notes on
     /// serialized wgmma), after the table or as a `log` field of the JSON.
     #[arg(long)]
@@ -123,7 +127,11 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
             budgets.push(k.spill_budget_bytes);
         }
     }
-    let progress = Progress::auto(batch.len(), "compile");
+    let progress = if args.quiet {
+        Progress::Silent
+    } else {
+        Progress::auto(batch.len(), "compile")
+    };
     let results = compile_all(&jit, &batch, threads, &progress).map_err(|e| e.to_string())?;
     let rows: Vec<Row> = results
         .into_iter()

@@ -13,6 +13,7 @@ implement raises ``NotImplementedError`` naming it; bad input raises ``ValueErro
 ``TypeError`` with the Rust error's message before anything runs.
 """
 
+import collections
 import functools
 
 from . import _arrays as A
@@ -22,9 +23,12 @@ from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse,
 __all__ = [
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
+    "single_decode_with_kv_cache",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
@@ -71,6 +75,38 @@ def _run_ragged(plan, q, k, v, out, lse):
 def _check_o_dtype(o_dtype, q):
     if o_dtype is not None and str(o_dtype) != str(q.dtype):
         refuse("o_dtype", o_dtype, "the output has the dtype of q")
+
+
+# The plans of single_prefill_with_kv_cache, by everything they depend on, most recently used
+# last: repeated calls of one shape neither plan again nor wait for the device (replacing a plan
+# waits for the device to be idle, since a launch may still read its arrays). A call with a
+# custom mask, which the plan uploads, plans each time.
+_SINGLE_PLANS = collections.OrderedDict()
+# Plans kept: a few shapes of a model's layers and batch sizes, each plan a few small arrays.
+_SINGLE_PLANS_MAX = 32
+
+
+def _single_plan(qo_indptr, kv_indptr, options, device):
+    if options["packed_mask"] is not None:
+        return _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
+    key = (
+        tuple(qo_indptr),
+        tuple(kv_indptr),
+        device,
+        tuple(
+            (name, tuple(value) if isinstance(value, list) else value)
+            for name, value in sorted(options.items())
+        ),
+    )
+    plan = _SINGLE_PLANS.get(key)
+    if plan is None:
+        plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
+        _SINGLE_PLANS[key] = plan
+        if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
+            _SINGLE_PLANS.popitem(last=False)
+    else:
+        _SINGLE_PLANS.move_to_end(key)
+    return plan
 
 
 def single_prefill_with_kv_cache(
@@ -134,7 +170,7 @@ def single_prefill_with_kv_cache(
         packed_custom_mask,
         slopes,
     )
-    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, A.device_of(q), lazy=True)
+    plan = _single_plan(qo_indptr, kv_indptr, options, A.device_of(q))
     out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
     _run_ragged(plan, q, k, v, out, lse)
     if lse is not None and slopes is not None:
@@ -148,6 +184,57 @@ def single_prefill_with_kv_cache(
 single_prefill_with_kv_cache_return_lse = functools.partial(
     single_prefill_with_kv_cache, return_lse=True
 )
+
+
+def single_decode_with_kv_cache(
+    q,
+    k,
+    v,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_tensor_cores=False,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    return_lse=False,
+):
+    """Decode attention of one request: ``q [Hq, D]`` (the request's newest token) over ``k``,
+    ``v`` as in ``single_prefill_with_kv_cache``. Returns ``o [Hq, Dvo]``, or ``(o, lse)`` with
+    the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
+    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel)."""
+    refuse_set(
+        q_scale=(q_scale, "fp8 inputs are not supported yet"),
+        k_scale=(k_scale, "fp8 inputs are not supported yet"),
+        v_scale=(v_scale, "fp8 inputs are not supported yet"),
+    )
+    A.describe(q, "q")
+    if len(q.shape) != 2:
+        raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
+    o, lse = single_prefill_with_kv_cache(
+        q[None],
+        k,
+        v,
+        causal=True,
+        kv_layout=kv_layout,
+        pos_encoding_mode=pos_encoding_mode,
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        return_lse=True,
+    )
+    if pos_encoding_mode == "ALIBI":
+        # The prefill's LSE follows FlashInfer's prefill bias slope * (j - i) with i = 0; the
+        # decode's query sits at kv_len - 1, so its bias and LSE are attnforge's own.
+        kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
+        lse -= A.from_list(lse, [s * (kv_len - 1) for s in alibi_slopes(q.shape[0])])
+    return (o[0], lse[0]) if return_lse else o[0]
 
 
 class _Wrapper:
@@ -610,6 +697,41 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
 
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's decode wrapper over caller-provided index buffers for CUDA graphs: refused, as
+    ``use_cuda_graph=True`` is (attnforge's plans keep their own index arrays; ``run`` after
+    ``plan`` of the plain wrapper is capture-safe)."""
+
+    def __init__(
+        self,
+        workspace_buffer,
+        indptr_buffer,
+        indices_buffer,
+        last_page_len_buffer,
+        kv_layout="NHD",
+        use_tensor_cores=False,
+    ):
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+def fast_decode_plan(self, *args, **kwargs):
+    """FlashInfer's faster replacement of ``BatchDecodeWithPagedKVCacheWrapper.plan`` for CUDA
+    graphs over caller-provided buffers: refused, for the same reason as ``use_cuda_graph``."""
+    refuse(
+        "fast_decode_plan",
+        type(self).__name__,
+        "plans keep their own index arrays; plan() then run() is capture-safe without it",
+    )
+
+
 def _lse_to_natural(s):
     return s * A.LN2
 
@@ -720,6 +842,12 @@ def append_paged_kv_cache(
                 "attnforge appends each request's new tokens, grouped by request and in order,"
                 " as its last positions",
             )
+    # The kernel reads whole rows of new tokens: a strided slice of a CUDA tensor is copied into
+    # rows first, on the caller's stream (the append launches on it too).
+    append_key, append_value = (
+        x.contiguous() if A.is_torch(x) and not x.is_contiguous() else x
+        for x in (append_key, append_value)
+    )
     _native.append_paged_kv(
         A.describe(append_key, "append_key"),
         A.describe(append_value, "append_value"),

@@ -56,6 +56,42 @@ def single_prefill_with_kv_cache(
 def single_prefill_with_kv_cache_return_lse(
     q: Array, k: Array, v: Array, **kwargs: Any
 ) -> Tuple[Array, Array]: ...
+@overload
+def single_decode_with_kv_cache(
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: Literal[False] = False,
+) -> Array: ...
+@overload
+def single_decode_with_kv_cache(
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: Literal[True] = True,
+) -> Tuple[Array, Array]: ...
 
 class BatchPrefillWithRaggedKVCacheWrapper:
     def __init__(
@@ -279,3 +315,16 @@ def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> A
 def get_batch_indices_positions(
     append_indptr: Array, seq_lens: Array, nnz: int
 ) -> Tuple[Array, Array]: ...
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    def __init__(
+        self,
+        workspace_buffer: Array,
+        indptr_buffer: Array,
+        indices_buffer: Array,
+        last_page_len_buffer: Array,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None: ...
+
+def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, *args: Any, **kwargs: Any) -> None: ...

@@ -106,3 +106,12 @@ def test_merge_rejects_nan_lse():
         fi.merge_state(v, s, v, bad)
     with pytest.raises(ValueError, match="float32"):
         fi.merge_state(v, s.astype(np.float16), v, s)
+
+
+def test_cuda_graph_decode_wrapper_and_fast_plan_are_refused():
+    ws = np.empty(1, np.uint8)
+    idx = np.zeros(4, np.int32)
+    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
+        fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, idx, idx, idx)
+    with pytest.raises(NotImplementedError, match="fast_decode_plan"):
+        fi.fast_decode_plan(fi.BatchDecodeWithPagedKVCacheWrapper(ws))

@@ -142,3 +142,48 @@ def test_alibi(causal, num_heads):
     want_o, want_lse = attention(q, k, v, causal=causal, alibi=slopes)
     close(o, want_o, np.float32)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("window,cap", [(-1, None), (20, None), (-1, 30.0)])
+def test_single_decode(kv_layout, window, cap):
+    kv, hq, hkv, d = 77, 8, 2, 64
+    q = rand((hq, d), np.float32)
+    k = rand((kv, hkv, d), np.float32)
+    v = rand((kv, hkv, d), np.float32)
+    kk, vv = (
+        (np.ascontiguousarray(np.swapaxes(x, 0, 1)) for x in (k, v))
+        if kv_layout == "HND"
+        else (k, v)
+    )
+    o, lse = fi.single_decode_with_kv_cache(
+        q, kk, vv, kv_layout=kv_layout, window_left=window, logits_soft_cap=cap, return_lse=True
+    )
+    assert o.shape == (hq, d) and lse.shape == (hq,)
+    # The decode query is the newest token: position kv_len - 1 of a causal prefill.
+    want_o, want_lse = attention(q[None], k, v, causal=True, window_left=window, soft_cap=cap)
+    close(o, want_o[0], np.float32)
+    np.testing.assert_allclose(lse, want_lse[0], atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError):
+        fi.single_decode_with_kv_cache(q[None], kk, vv, kv_layout=kv_layout)
+
+
+def test_single_prefill_plans_are_kept_by_shape_and_options():
+    fi._SINGLE_PLANS.clear()
+    q = rand((9, 4, 64), np.float32)
+    k, v = rand((21, 2, 64), np.float32), rand((21, 2, 64), np.float32)
+    first = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+    again = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+    assert len(fi._SINGLE_PLANS) == 1
+    np.testing.assert_array_equal(first, again)
+    close(again, attention(q, k, v, causal=True)[0], np.float32)
+    # Other options are another plan; a custom mask is planned per call and not kept.
+    fi.single_prefill_with_kv_cache(q, k, v, causal=False)
+    mask = rng.random((9, 21)) < 0.5
+    mask[:, 0] = True
+    got = fi.single_prefill_with_kv_cache(q, k, v, custom_mask=mask.reshape(-1))
+    assert len(fi._SINGLE_PLANS) == 2
+    close(got, attention(q, k, v, mask=mask)[0], np.float32)
+    for n in range(fi._SINGLE_PLANS_MAX + 3):
+        fi.single_prefill_with_kv_cache(q[: 1 + n % 9], k, v, sm_scale=0.01 * (n + 1))
+    assert len(fi._SINGLE_PLANS) == fi._SINGLE_PLANS_MAX
