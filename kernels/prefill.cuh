@@ -1,15 +1,15 @@
 // prefill.cuh — FA2-class prefill attention for one work item, (request, query tile, KV head, KV
-// chunk): the kernel's skeleton. Set-up (the work item, the query tile, the visible KV range, the
-// shared-memory map), prologue (Q and the first K/V tile), main loop (per K/V tile: its barrier
-// and the next tile's loads, then each sub-tile's step), epilogue (normalise and store, or a
-// split plan's partial result).
+// chunk): run_cta, the kernel's set-up (the work item, the query tile, the visible KV range, the
+// shared-memory map), prologue (Q and the first K/V tile), main loop (per K/V tile: its barrier and
+// the next tile's loads, then each sub-tile's step in the kernel's accumulation variant) and
+// epilogue (normalise and store, or a split plan's partial result).
 //
-// The pieces, by role: prefill_tile.cuh (the tile's constants, shared-memory map and rows),
-// prefill_kv_pipeline.cuh (how Q, K and V reach shared memory; the request's bounds as the loop
-// reads them), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
-// prefill_step.cuh (a sub-tile's logits, mask, online softmax update and P V, for each
-// accumulation variant), prefill_epilogue.cuh. Every tuning choice arrives from Rust as a
-// `policy::` constant (src/codegen/policy.rs; `attnforge compile --explain NAME` prints them).
+// The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
+// rows), prefill_kv_pipeline.cuh (the request's bounds in shared memory, the Q prescale),
+// prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma), prefill_step.cuh (a
+// sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh (the stores). Every
+// tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
+// compile --explain NAME` prints them).
 //
 // Per sub-tile, S = Q K^T is computed with f32 or f16 accumulators; the variant and the mask see S
 // as f32; the online softmax updates its state and O += P V accumulates in f32. Tiles wholly
@@ -24,14 +24,14 @@
 
 namespace prefill {
 
-// One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or over
-// one chunk of it when the plan splits the KV range. A template (of nothing) so that the branches
-// `if constexpr` discards are not instantiated: the wgmma calls, say, do not compile for the other
-// tiles' fragments.
+// One CTA: one work item, (request, query tile, KV head) over the whole visible KV range, or
+// over one chunk of it when the plan splits the KV range. A template (of nothing) so that the
+// branches `if constexpr` discards are not instantiated: the wgmma calls, say, do not compile for
+// the other tiles' fragments.
 template <int = 0>
 __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // --- Set-up. Two loads side by side: the item, and its request's span (what the indptrs hold).
+  // Two loads side by side: the item, and its request's span (what the indptrs hold for it).
   const int4 work = p.work[2 * blockIdx.x];      // (request, query tile, kv head, kv chunk)
   const int4 span = p.work[2 * blockIdx.x + 1];  // (qo start, qo len, kv start, kv len)
   const int request = work.x;
@@ -49,21 +49,26 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   tile.kv_head = work.z;
   tile.group = p.group_size;
   tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
-  // With wgmma: this warp's warpgroup, and the warp within it (written so that with one warpgroup
-  // the compiler sees 0 and `warp`, which it cannot infer from threadIdx).
+  // With wgmma: this warp's warpgroup, and the warp within it (written so that with one
+  // warpgroup the compiler sees 0 and `warp`, which it cannot infer from threadIdx). With f16 QK
+  // the warpgroup is made warp-uniform for ptxas (warp_uniform), so the Q descriptors of S = Q K^T
+  // stay in uniform registers and 8 vector registers are free; with the buffer index below, S =
+  // Q K^T takes 103 -> 76 instructions per tile and warp (f16 D=128 causal, in SASS). With f32 QK
+  // the same serialized the wgmma products (policy::UNIFORM_WARPGROUP).
   const int warpgroup =
       NUM_WARPS > 4 ? (policy::UNIFORM_WARPGROUP ? static_cast<int>(warp_uniform(warp / 4)) : warp / 4) : 0;
   const int warp_in_group = NUM_WARPS > 4 ? warp % 4 : warp;
   const WarpRows warp_rows{WARPS_SPLIT_KEYS ? 0
                            : WGMMA        ? warpgroup * WARPGROUP_ROWS + warp_in_group * 16
                                           : warp * MMA_Q * 16};
-  const RowCoords rows = tile.row_coords(warp_rows, lane);
 
-  // The keys this query tile sees; with a split plan, one chunk of them (multiples of the KV tile).
+  RowCoords rows = tile.row_coords(warp_rows, lane);
+
   const int tok_lo = tile.group_div.div(tile.row0);
   const int tok_hi = tile.group_div.div(min(tile.row0 + CTA_Q, tile.packed_len) - 1);
   int kv_lo, kv_hi;
   visible_key_range<spec::MASK_KIND>(m, tok_lo, tok_hi, kv_lo, kv_hi);
+  // Split KV: this CTA covers one chunk (its bounds are multiples of the KV tile).
   const bool split = p.kv_chunk > 0;
   if (split) {
     const int chunk_lo = work.w * p.kv_chunk;
@@ -73,31 +78,140 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   kv_lo = kv_lo / KV_TILE * KV_TILE;
   const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KV_TILE - 1) / KV_TILE : 0;
 
-  // The shared-memory map (prefill_tile.cuh); with wgmma every tile 1024-byte aligned.
+  // With wgmma, every tile 1024-byte aligned (SMEM_ALIGN_SLACK); `smem` then points at the base.
   const u32_t raw_base = smem_addr(smem_raw);
   const u32_t smem_base = WGMMA ? (raw_base + 1023u) & ~1023u : raw_base;
   unsigned char* const smem = smem_raw + (smem_base - raw_base);
   const QTile q_tile{smem_base};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
   const u32_t v_base = k_base + KV_STAGES * K_TILE_BYTES;
-  const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
-  const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
+  // The K and V buffers of tile t (double-buffered: t % 2).
+  auto k_tile = [&](int t) { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; };
+  auto v_tile = [&](int t) { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; };
 
-  // K and V rows: ragged rows start at the request's first key; paged rows at its first page.
+  const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
+  // Ragged rows start at the request's first key; paged rows at its first page.
   const i64_t kv_row0 = spec::KV_PAGED ? 0 : kv_start;
   const int* pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[request] : nullptr;
   const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
                         p.k_stride_token, pages, p.k_page_stride, p.page_shift, p.page_mask};
   const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
                         p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask};
+
+  // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
+  // 0's rows read the page table directly). The threads' K and V base pointers follow.
+  const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
+  auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
   const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
-  // The request's bounds as the KV loop takes them (stored here with policy::BOUNDS_IN_SHARED,
-  // before the first copy that reads them).
-  const LoopBounds bounds{m, tok_lo, tok_hi, SharedBounds{tma_bars + TMA_BARRIER_BYTES}};
-  if constexpr (policy::BOUNDS_IN_SHARED) bounds.shared.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
-  KvPipeline kv{p,      m.kv_len,        bounds, kv_lo,  num_tiles, kv_start, tile.kv_head,         k_base,
-                v_base, ids_base, tma_bars, k_rows, v_rows,    kv_src,   policy::TMA_KV && p.kv_tma != 0,
-                policy::FIRST_V_LATE};
+
+  // policy::TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
+  // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
+  const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
+  // The request's bounds as the KV loop takes them: from shared memory with policy::BOUNDS_IN_SHARED
+  // (stored here, before the first copy that reads them), else the registers of `m` and the token
+  // range.
+  const SharedBounds bounds{tma_bars + TMA_BARRIER_BYTES};
+  if constexpr (policy::BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
+  auto loop_kv_len = [&]() {
+    if constexpr (policy::BOUNDS_IN_SHARED) {
+      return bounds.kv_len();
+    } else {
+      return m.kv_len;
+    }
+  };
+  // (`m` itself otherwise, not a copy: passing a copy to the logits moved ptxas's register
+  // allocation of the ALiBi kernels, 246 -> 254 registers for bf16 causal paged `w4q2kv64` at sm_80.)
+  auto loop_mask = [&]() -> decltype(auto) {
+    if constexpr (policy::BOUNDS_IN_SHARED) {
+      return bounds.mask(m);
+    } else {
+      return (m);
+    }
+  };
+  auto loop_tok_lo = [&]() {
+    if constexpr (policy::TOKENS_IN_SHARED) {
+      return bounds.tok_lo();
+    } else {
+      return tok_lo;
+    }
+  };
+  auto loop_tok_hi = [&]() {
+    if constexpr (policy::TOKENS_IN_SHARED) {
+      return bounds.tok_hi();
+    } else {
+      return tok_hi;
+    }
+  };
+  const bool kv_tma = policy::TMA_KV && p.kv_tma != 0;
+  auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
+  auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
+  // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
+  auto issue_tma = [&](int t, int k0) {
+    const u32_t bar = tma_bar(t);
+    mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
+    const int row = kv_start + k0;
+#pragma unroll
+    for (int g = 0; g < QK_CHUNKS / 8; ++g)
+      tma_load_3d(k_tile(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, tile.kv_head, row, bar);
+#pragma unroll
+    for (int g = 0; g < VO_CHUNKS / 8; ++g)
+      tma_load_3d(v_tile(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, tile.kv_head, row, bar);
+  };
+
+  // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
+  // last to read (they were issued before the barrier that precedes this call).
+  auto stage_next_page_ids = [&](int t) {
+    const int k1 = kv_lo + (t + 1) * KV_TILE;
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop_kv_len() - k1);
+  };
+  // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
+  // The group is committed even when empty (past the last tile) so that every iteration waits for
+  // the same groups. Tile 0 is loaded by the prologue, in two groups.
+  auto load_kv = [&](int t) {
+    if (t < num_tiles) {
+      const int k0 = kv_lo + t * KV_TILE;
+      if (tma_tile(k0)) {
+        if (threadIdx.x == 0) issue_tma(t, k0);
+      } else {
+        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
+                                                                               k0, loop_kv_len() - k0);
+        stage_next_page_ids(t);
+      }
+    }
+    cp_async_commit();
+  };
+  // One K/V buffer: tile t's K rows, or its V rows, as one cp.async group, committed even when
+  // empty (past the last tile) so that every tile waits for the same groups.
+  auto load_k = [&](int t) {
+    if (t < num_tiles) {
+      const int k0 = kv_lo + t * KV_TILE;
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
+    }
+    cp_async_commit();
+  };
+  auto load_v = [&](int t) {
+    if (t < num_tiles) {
+      const int k0 = kv_lo + t * KV_TILE;
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
+    }
+    cp_async_commit();
+  };
+  // With policy::FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
+  // group, the second of the prologue); before the first P V the CTA waits for them and publishes
+  // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
+  // are the newest group and awaited so; that barrier also tells that every warp is past this
+  // tile's S = Q K^T, so with policy::K_FREE_BEFORE_PV the caller then lets tile t + 1's K rows out
+  // (otherwise the overflow fallback still reads K_t during P V: after the tile). This hook holds
+  // nothing but v_pending: holding more (the K loader) moved ptxas's register allocation of the
+  // two-buffer kernels, which do not use it.
+  bool v_pending = policy::FIRST_V_LATE;
+  auto await_v = [&]() {
+    if (v_pending) {
+      wait_copies<SINGLE_BUFFER ? 0 : 1>();
+      __syncthreads();
+      v_pending = false;
+    }
+  };
 
   float o[MMA_Q][VO_NT][4];
 #pragma unroll
@@ -109,51 +223,239 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   Softmax softmax;
   softmax.init();
 
-  // --- Prologue: Q and tile 0.
-  if (num_tiles > 0) kv.load_prologue(tile, q_tile, static_cast<const DTypeIn*>(p.q), qo_start, smem, warp, lane);
-
-  // --- Main loop.
+  if (num_tiles > 0) {
+    if (kv_tma) {
+      // The barriers, initialised before any thread waits on one (thread 0 issues tile 0's boxes
+      // below, after its own initialisation).
+      if (threadIdx.x == 0) {
+        mbarrier_init_one(tma_bar(0));
+        mbarrier_init_one(tma_bar(1));
+      }
+      __syncthreads();
+    }
+    {
+      // This warp's block of Q rows; lane i works out the address of its row i.
+      const int q_row0 = warp * Q_ROWS_PER_WARP;
+      const i64_t lane_row =
+          lane < Q_ROWS_PER_WARP ? tile.row_offset(q_row0 + lane, qo_start, p.q_stride_token, p.q_stride_head) : 0;
+      for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+        const i64_t row = shfl_i64(lane_row, r);
+        cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
+      });
+    }
+    const bool tile0_tma = tma_tile(kv_lo);
+    if (tile0_tma) {
+      if (threadIdx.x == 0) issue_tma(0, kv_lo);
+    } else {
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+      stage_next_page_ids(0);
+    }
+    cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
+    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
+    cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)
+    if constexpr (spec::QK_F16_ACCUM) {
+      // Each thread scales the Q chunks it copied itself, once they have landed (with K_0, which
+      // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
+      // loop, whose registers it would otherwise share.
+      wait_copies<1>();
+      prescale_q(q_tile, smem, p.q_prescale, warp, lane);
+    }
+  }
+  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
+  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it; with
+  // policy::Q_DESC_IN_LOOP derived again in each sub-tile (q_base_now) from a fresh read of the thread
+  // index, not held through the loop.
+  const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;
+  auto q_base_now = [&]() {
+    return policy::Q_DESC_IN_LOOP ? q_tile.base + warp_uniform(thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES
+                          : q_group_base;
+  };
+  // The rows' coordinates as the sub-tile loop's logits take them (RowCoords or FreshRows).
   const FreshRows fresh_rows{tile, warp_rows};
-  // The softmax folds its scale into the exponent: LOG2E after a transform, the whole scale
-  // otherwise.
-  const StepContext step{p,
-                         tile,
-                         rows,
-                         fresh_rows,
-                         bounds,
-                         frag,
-                         lane,
-                         warpgroup,
-                         VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2,
-                         q_tile.base,
-                         q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES};
+  auto loop_rows = [&]() -> const auto& {
+    if constexpr (policy::LOOP_ROWS_FRESH) {
+      return fresh_rows;
+    } else {
+      return rows;
+    }
+  };
   for (int t = 0; t < num_tiles; ++t) {
-    kv.begin_tile(t);
-    // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of addresses
-    // and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
+    if constexpr (SINGLE_BUFFER) {
+      // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
+      // without policy::K_FREE_BEFORE_PV every tile's (issued after the tile before); with it, V_t goes out
+      // here, now that every warp is done with tile t - 1's P V, and lands during S = Q K^T (one
+      // barrier per tile fewer: +0.3% to +1.3% at D=256 on the H200; with f16 QK, whose K then
+      // still loaded after the tile, the later V cost 4%). V_t is awaited before P V.
+      if (!policy::K_FREE_BEFORE_PV || t == 0) {
+        wait_copies<1>();
+      } else {
+        wait_copies<0>();
+      }
+      __syncthreads();
+      if constexpr (policy::K_FREE_BEFORE_PV) {
+        if (t > 0) load_v(t);
+      }
+      v_pending = true;
+    } else {
+      // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless policy::FIRST_V_LATE; by the
+      // accelerator, both with tile 0).
+      if (tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
+      if (t > 0 || !policy::FIRST_V_LATE) {
+        wait_copies<0>();
+      } else {
+        wait_copies<1>();
+      }
+      __syncthreads();
+      // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
+      // while this whole tile computes.
+      load_kv(t + 1);
+    }
+    // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
+    // addresses and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
 #pragma unroll 1
     for (int sub = WARPS_SPLIT_KEYS ? warp : 0; sub < KV_TILE / KV_SUB; sub += WARPS_SPLIT_KEYS ? NUM_WARPS : 1) {
       const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
-      // With wgmma the buffer index is made warp-uniform for ptxas, so the K and V descriptors are
-      // computed in uniform registers. Rows are ROW_BYTES apart in either layout.
+      // (wgmma tiles compute whole tiles: sub is 0.) Rows are ROW_BYTES apart in either layout.
+      // With wgmma the buffer is made warp-uniform for ptxas, so the K and V descriptors are
+      // computed in uniform registers (where the loop counter was in a vector register: f16 QK).
       const u32_t stage = WGMMA ? warp_uniform(t % KV_STAGES) : t % KV_STAGES;
-      const u32_t k_sub = k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES;
-      const u32_t v_sub = v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES;
-      step_subtile(step, kv, t, k0, k_sub, v_sub, softmax, o);
+      const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES};
+      const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
+      // Waits for V_t before a P V; with one K/V buffer that barrier also frees K's buffer (every
+      // warp is past its reads of K_t), so tile t + 1's K rows then load during P V: the steps of
+      // policy::K_FREE_BEFORE_PV (f32 QK: one piece with one buffer; f16 QK with one P V).
+      auto await_v_free_k = [&]() {
+        await_v();
+        if constexpr (SINGLE_BUFFER) load_k(t + 1);
+      };
+      if constexpr (policy::F16_WIDEN_FIRST) {
+        // Every warp widens its accumulators (the overflow fallback included), then runs the
+        // f32-QK kernels' step on the floats: one P V after one update, as there.
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
+        float s[MMA_Q][KV_NT][4];
+        widen_f16(frag, k_sub.base, acc, 0, finite, s);
+        float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, frag, v_sub.base,
+                          softmax_scale, softmax, s, o, await_v_free_k);
+      } else if constexpr (policy::F16_WARP_CHOICE) {
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
+        if (!VARIANT_HAS_TRANSFORM && finite &&
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+                                                                KV_SUB)) {
+          softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
+        } else {
+          float s[MMA_Q][KV_NT][4];
+          widen_f16(frag, k_sub.base, acc, 0, finite, s);
+          float_logits_update(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, softmax_scale,
+                              softmax, s, o);
+          const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
+#pragma unroll
+          for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+            for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
+        }
+        await_v_free_k();
+        pv<KV_NT>(frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
+      } else if constexpr (spec::QK_F16_ACCUM) {
+        u32_t acc[MMA_Q][KV_NT][2];
+        const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
+        if (!VARIANT_HAS_TRANSFORM && finite &&
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+                                                                KV_SUB)) {
+          // The hot path: the softmax takes the accumulators as they are.
+          const F16Logits<MMA_Q, KV_NT> probs{acc};
+          softmax.update(probs, o, softmax_scale);
+          await_v();
+          pv<KV_NT>(frag, v_sub.base, probs, softmax, o);
+        } else {
+#pragma unroll
+          for (int piece = 0; piece < KV_SUB / policy::F16_FLOAT_PIECE; ++piece) {
+            float s[MMA_Q][policy::F16_FLOAT_PIECE / 8][4];
+            widen_f16(frag, k_sub.base, acc, piece, finite, s);
+            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(),
+                              k0 + piece * policy::F16_FLOAT_PIECE, lane, frag,
+                              v_sub.base + piece * policy::F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
+                              await_v);
+          }
+        }
+      } else {
+        // Piece by piece (policy::F32_PIECE; one piece of the whole sub-tile unless the logits are heavy).
+        // Not unrolled: unrolled, ptxas overlapped the two pieces and spilled more than with the
+        // whole sub-tile (sm_80 f32-QK window w4q2kv64: 0 -> 80/88 B of spills).
+#pragma unroll 1
+        for (int piece = 0; piece < KV_SUB / policy::F32_PIECE; ++piece) {
+          float s[MMA_Q][policy::F32_PIECE / 8][4];
+          const u32_t k_piece = k_sub.base + piece * policy::F32_PIECE * KTile::ROW_BYTES;
+          const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * VTile::ROW_BYTES;
+          if constexpr (WGMMA) {
+            qk_wgmma(q_group_base, k_piece, s);
+          } else {
+            qk_f32(frag, k_piece, s);
+          }
+          float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * policy::F32_PIECE, lane,
+                            frag, v_piece, softmax_scale, softmax, s, o, await_v_free_k);
+        }
+      }
     }
-    kv.end_tile(t);
+    if constexpr (SINGLE_BUFFER) {
+      if (v_pending) {
+        // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
+        await_v();
+        if constexpr (policy::K_FREE_BEFORE_PV) load_k(t + 1);
+      }
+      if constexpr (!policy::K_FREE_BEFORE_PV) {
+        // Every warp is done with V_t and K_t: tile t + 1's rows may overwrite them.
+        __syncthreads();
+        load_k(t + 1);
+        load_v(t + 1);
+      }
+    }
   }
 
-  // --- Epilogue.
   if constexpr (WARPS_SPLIT_KEYS) {
     // The K/V buffers are free once every warp is past its last tile (the last real groups were
     // waited for; later ones are empty): they hold the states warp 0 merges, then it alone goes on.
     float* scratch = reinterpret_cast<float*>(smem + Q_TILE_BYTES);
     if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
   }
-  write_result(CtaOutput{p, tile, warp_rows, qo_start, work.w, split, lane, smem, q_tile.base}, softmax, o);
+
+  // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
+  // uses are computed again here rather than held through the loop. From a fresh read of the lane
+  // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
+  // results and keep them live after all). With policy::LOOP_ROWS_FRESH the loop's logits do the same
+  // (FreshRows), and the first ones are not used at all.
+  if constexpr (policy::EPILOGUE_RELOADS_QO_LEN) {
+    int qo_len;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&p.work[2 * blockIdx.x + 1].y));
+    tile.packed_len = qo_len * p.group_size;
+  }
+  rows = tile.row_coords(warp_rows, lane_id());
+  float sink_log2[MMA_Q][2];
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
+  float lse[MMA_Q][2];
+  if (split) {
+    // A chunk's partial result leaves the sink out: the merge adds it once.
+    softmax.finish<false>(o, sink_log2, lse);
+    store_partial(p, rows, qo_start, work.w, lane, o, lse);
+    return;
+  }
+  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+  // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
+  // copy is in flight: the last tile's groups were waited for, later ones are empty). With
+  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
+  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
+  store_output(p, tile, rows, qo_start, warp_rows, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
 }
 
 }  // namespace prefill
+

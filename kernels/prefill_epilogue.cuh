@@ -1,6 +1,6 @@
-// prefill_epilogue.cuh — the end of a prefill CTA: the softmax's normalisation (with a sink where
-// the variant has one), then either the output rows and their LSE, or, when the plan splits the
-// KV range, this chunk's partial result for the merge kernel (merge_state.cuh).
+// prefill_epilogue.cuh — the stores at the end of a prefill CTA, once the softmax has normalised
+// its state: the output rows and their LSE, or, when the plan splits the KV range, this chunk's
+// partial result for the merge kernel (merge_state.cuh).
 // Requires: online_softmax.cuh, variant.cuh, prefill_tile.cuh.
 
 namespace prefill {
@@ -60,54 +60,6 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
       }
       if (lane % 4 == 0) p.partial_lse[slot] = lse[mq][h];
     }
-}
-
-// Where a CTA's result goes: its work item's request and query tile, this thread's rows, and the
-// staging area (the Q tile, free once every warp is past its last S = Q K^T).
-struct CtaOutput {
-  const PrefillParams& p;
-  QueryTile& tile;
-  WarpRows warp_rows;
-  int qo_start;
-  int chunk;   // the KV chunk of a split plan
-  bool split;  // the plan splits the KV range: write a partial result
-  int lane;
-  unsigned char* stage_bytes;
-  u32_t stage_base;
-};
-
-// Normalises the CTA's state and writes it. The 64-key sub-tiles need every register of the main
-// loop, so the rows' coordinates are computed again here rather than held through the loop, from
-// a fresh read of the lane id, which the compiler cannot merge with the first one (it would
-// otherwise reuse the first results and keep them live after all); with
-// policy::EPILOGUE_RELOADS_QO_LEN the request's query length is loaded again too.
-__device__ __forceinline__ void write_result(const CtaOutput& out, Softmax& softmax, float (&o)[MMA_Q][VO_NT][4]) {
-  const PrefillParams& p = out.p;
-  if constexpr (policy::EPILOGUE_RELOADS_QO_LEN) {
-    int qo_len;
-    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&p.work[2 * blockIdx.x + 1].y));
-    out.tile.packed_len = qo_len * p.group_size;
-  }
-  const RowCoords rows = out.tile.row_coords(out.warp_rows, lane_id());
-  float sink_log2[MMA_Q][2];
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
-  float lse[MMA_Q][2];
-  if (out.split) {
-    // A chunk's partial result leaves the sink out: the merge adds it once.
-    softmax.finish<false>(o, sink_log2, lse);
-    store_partial(p, rows, out.qo_start, out.chunk, out.lane, o, lse);
-    return;
-  }
-  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-  // No copy is in flight (the last tile's groups were waited for, later ones are empty). With
-  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
-  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
-  store_output(p, out.tile, rows, out.qo_start, out.warp_rows, out.lane, out.stage_bytes,
-               SmemTile<VO_CHUNKS>{out.stage_base}, o, lse);
 }
 
 }  // namespace prefill

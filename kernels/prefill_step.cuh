@@ -1,8 +1,7 @@
-// prefill_step.cuh — one sub-tile's step once S = Q K^T is in registers: the logits transform
-// and the masks (applied to S as f32, whatever the accumulation type), the online softmax update,
-// and O += P V. The accumulation variants (f32 QK; f16 QK with its packed hot path and its float
-// path; the float path's pieces) share these pieces and are put together by step_subtile in
-// prefill.cuh's main loop.
+// prefill_step.cuh — a sub-tile's step once S = Q K^T is in registers as floats: the logits
+// transform and the masks (applied to S as f32, whatever the accumulation type), the online
+// softmax update, and O += P V. The accumulation variants (f32 QK; f16 QK with its packed hot path
+// and its float path, whole or in pieces) share these pieces in prefill.cuh's main loop.
 // Requires: mask.cuh, variant.cuh, online_softmax.cuh, prefill_tile.cuh, prefill_products.cuh.
 
 namespace prefill {
@@ -96,71 +95,34 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
   logits_as<NEEDS_MASK, false>(p, rows, m, kv_head, k0, lane, s);
 }
 
-// What a sub-tile's step reads of its CTA: the parameters, the query tile, the rows' coordinates,
-// the request's bounds as the loop reads them, this thread's fragment addresses, and with wgmma
-// where the warpgroup's Q rows start.
-struct StepContext {
-  const PrefillParams& p;
-  const QueryTile& tile;
-  const RowCoords& held_rows;   // computed before the loop
-  const FreshRows& fresh_rows;  // computed again at each use
-  const LoopBounds& bounds;
-  const FragAddrs& frag;
-  int lane;
-  int warpgroup;
-  float softmax_scale;  // the softmax folds this into its exponent
-  u32_t q_tile_base;
-  u32_t q_group_base;  // wgmma: the first Q row of this warp's warpgroup
-
-  // The warpgroup's Q base as the products read it: with policy::Q_DESC_IN_LOOP derived again in
-  // each sub-tile from a fresh read of the thread index, not held through the loop.
-  __device__ __forceinline__ u32_t q_base_now() const {
-    return policy::Q_DESC_IN_LOOP
-               ? q_tile_base + warp_uniform(thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES
-               : q_group_base;
-  }
-
-  // The rows' coordinates as the loop's logits take them (coords_of): FreshRows with
-  // policy::LOOP_ROWS_FRESH, so that nothing of them is live between the sub-tiles' logits.
-  __device__ __forceinline__ const auto& rows() const {
-    if constexpr (policy::LOOP_ROWS_FRESH) {
-      return fresh_rows;
-    } else {
-      return held_rows;
-    }
-  }
-
-  // Whether the keys k0.. (n of them) need the element masks for this query tile.
-  __device__ __forceinline__ bool needs_mask(int k0, int n) const {
-    return tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(bounds.mask(), bounds.tok_lo(), bounds.tok_hi(), k0, n);
-  }
-};
-
-// A sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..), up to the softmax
-// update: the mask and the transform where they apply, then the update, leaving P in `s`
-// (F32Logits) for the caller's P V. An unmasked sub-tile within the variant's small form (from
-// the accumulator) goes to the softmax as FactoredSmallLogits, the transform merged into the
-// exponents; within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
-template <int NT>
-__device__ __forceinline__ void float_logits_update(const StepContext& c, int k0, float (&s)[MMA_Q][NT][4],
-                                                    Softmax& softmax, float (&o)[MMA_Q][VO_NT][4]) {
-  decltype(auto) m = c.bounds.mask();
-  const int tok_lo = c.bounds.tok_lo(), tok_hi = c.bounds.tok_hi();
-  const PrefillParams& p = c.p;
-  const int kv_head = c.tile.kv_head;
+// The rest of a sub-tile's step once its logits are floats (s: NT n8 tiles, keys k0..; the rows'
+// coordinates from `rows`, RowCoords or FreshRows): the mask
+// and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
+// `await_v()` has returned).
+// float_logits_update: the same up to the softmax update, leaving P in `s` (F32Logits) for the
+// caller's P V.
+template <int NT, typename Rows>
+__device__ __forceinline__ void float_logits_update(const PrefillParams& p, const Rows& rows,
+                                                    const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
+                                                    int tok_hi, int k0, int lane, float softmax_scale,
+                                                    Softmax& softmax, float (&s)[MMA_Q][NT][4],
+                                                    float (&o)[MMA_Q][VO_NT][4]) {
+  // An unmasked sub-tile within the small form (from the accumulator) goes to the softmax as
+  // FactoredSmallLogits: the transform merges into the exponents.
+  // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.
   bool factored = false, short_form = false;
   float largest = 0.0f;  // the largest |acc| of this thread, where a form is checked
   if (tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(m, tok_lo, tok_hi, k0, NT * 8)) {
-    logits<true>(p, coords_of(c.rows()), m, kv_head, k0, c.lane, s);
+    logits<true>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   } else if constexpr (policy::FACTORED_SMALL_FORM) {
     largest = largest_magnitude(s);
     factored = __all_sync(0xffffffffu, largest <= small_form_acc_limit(p.variant));
     if constexpr (VARIANT_HAS_SHORT_FORM) {
       short_form = factored && __all_sync(0xffffffffu, largest <= short_form_acc_limit(p.variant));
     }
-    if (!factored) logits_as<false, false>(p, coords_of(c.rows()), m, kv_head, k0, c.lane, s);
+    if (!factored) logits_as<false, false>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   } else if constexpr (VARIANT_HAS_TRANSFORM) {
-    logits<false>(p, coords_of(c.rows()), m, kv_head, k0, c.lane, s);
+    logits<false>(p, coords_of(rows), m, tile.kv_head, k0, lane, s);
   }
   const F32Logits<MMA_Q, NT, DTypeIn> probs{s};
   if (short_form) {
@@ -170,91 +132,19 @@ __device__ __forceinline__ void float_logits_update(const StepContext& c, int k0
   } else if (policy::FACTORED_SMALL_FORM && factored) {
     softmax.update(FactoredSmallLogits<MMA_Q, NT, false>{s, p.variant, largest}, o, 1.0f);
   } else {
-    softmax.update(probs, o, c.softmax_scale);
+    softmax.update(probs, o, softmax_scale);
   }
 }
-
-// float_logits_update, then O += P V with V rows from v_base once `await_v()` has returned.
-template <int NT, typename AwaitV>
-__device__ __forceinline__ void float_logits_step(const StepContext& c, int k0, u32_t v_base,
-                                                  float (&s)[MMA_Q][NT][4], Softmax& softmax,
-                                                  float (&o)[MMA_Q][VO_NT][4], AwaitV await_v) {
-  float_logits_update(c, k0, s, softmax, o);
+template <int NT, typename Rows, typename AwaitV>
+__device__ __forceinline__ void float_logits_step(const PrefillParams& p, const Rows& rows,
+                                                  const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
+                                                  int tok_hi, int k0, int lane, const FragAddrs& f, u32_t v_base,
+                                                  float softmax_scale, Softmax& softmax,
+                                                  float (&s)[MMA_Q][NT][4], float (&o)[MMA_Q][VO_NT][4],
+                                                  AwaitV await_v) {
+  float_logits_update(p, rows, m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
   await_v();
-  pv<NT>(c.frag, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
-}
-
-// One sub-tile of tile t: keys k0.. from K rows `k_sub` and V rows `v_sub`, from S = Q K^T to
-// O += P V, in the kernel's accumulation variant. The K/V pipeline is asked for V before each P V
-// (and, where the sub-tile is done with K by then, lets tile t + 1's K rows out).
-__device__ __forceinline__ void step_subtile(const StepContext& c, KvPipeline& kv, int t, int k0, u32_t k_sub,
-                                             u32_t v_sub, Softmax& softmax, float (&o)[MMA_Q][VO_NT][4]) {
-  auto await_v = [&]() { kv.await_v(); };
-  auto await_v_free_k = [&]() { kv.await_v_free_k(t); };
-  if constexpr (policy::F16_WIDEN_FIRST) {
-    // Every warp widens its accumulators (the overflow fallback included), then runs the f32-QK
-    // step on the floats: one P V after one update.
-    u32_t acc[MMA_Q][KV_NT][2];
-    const bool finite = qk_f16<false>(c.frag, c.q_base_now(), k_sub, c.warpgroup, acc);
-    float s[MMA_Q][KV_NT][4];
-    widen_f16(c.frag, k_sub, acc, 0, finite, s);
-    float_logits_step(c, k0, v_sub, s, softmax, o, await_v_free_k);
-  } else if constexpr (policy::F16_WARP_CHOICE) {
-    // The packed hot path and the float path meet before one P V, chosen by each warp's vote.
-    u32_t acc[MMA_Q][KV_NT][2];
-    const bool finite = qk_f16<false>(c.frag, c.q_base_now(), k_sub, c.warpgroup, acc);
-    if (!VARIANT_HAS_TRANSFORM && finite && !c.needs_mask(k0, KV_SUB)) {
-      softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, c.softmax_scale);
-    } else {
-      float s[MMA_Q][KV_NT][4];
-      widen_f16(c.frag, k_sub, acc, 0, finite, s);
-      float_logits_update(c, k0, s, softmax, o);
-      const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
-#pragma unroll
-      for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-        for (int nt = 0; nt < KV_NT; ++nt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
-    }
-    await_v_free_k();
-    pv<KV_NT>(c.frag, v_sub, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
-  } else if constexpr (spec::QK_F16_ACCUM) {
-    u32_t acc[MMA_Q][KV_NT][2];
-    const bool finite = qk_f16(c.frag, c.q_base_now(), k_sub, c.warpgroup, acc);
-    if (!VARIANT_HAS_TRANSFORM && finite && !c.needs_mask(k0, KV_SUB)) {
-      // The hot path: the softmax takes the accumulators as they are.
-      const F16Logits<MMA_Q, KV_NT> probs{acc};
-      softmax.update(probs, o, c.softmax_scale);
-      await_v();
-      pv<KV_NT>(c.frag, v_sub, probs, softmax, o);
-    } else {
-      // The float path, piece by piece (policy::F16_FLOAT_PIECE), each piece to its own P V.
-      constexpr int PIECE = policy::F16_FLOAT_PIECE;
-#pragma unroll
-      for (int piece = 0; piece < KV_SUB / PIECE; ++piece) {
-        float s[MMA_Q][PIECE / 8][4];
-        widen_f16(c.frag, k_sub, acc, piece, finite, s);
-        float_logits_step(c, k0 + piece * PIECE, v_sub + piece * PIECE * VTile::ROW_BYTES, s, softmax, o, await_v);
-      }
-    }
-  } else {
-    // f32 QK, piece by piece (policy::F32_PIECE; one piece of the whole sub-tile unless the logits
-    // are heavy). Not unrolled: unrolled, ptxas overlapped the pieces and spilled.
-    constexpr int PIECE = policy::F32_PIECE;
-#pragma unroll 1
-    for (int piece = 0; piece < KV_SUB / PIECE; ++piece) {
-      float s[MMA_Q][PIECE / 8][4];
-      const u32_t k_piece = k_sub + piece * PIECE * KTile::ROW_BYTES;
-      const u32_t v_piece = v_sub + piece * PIECE * VTile::ROW_BYTES;
-      if constexpr (WGMMA) {
-        qk_wgmma(c.q_group_base, k_piece, s);
-      } else {
-        qk_f32(c.frag, k_piece, s);
-      }
-      float_logits_step(c, k0 + piece * PIECE, v_piece, s, softmax, o, await_v_free_k);
-    }
-  }
+  pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
 }
 
 }  // namespace prefill
