@@ -107,41 +107,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // policy::TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
   // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
   const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
-  // The request's bounds as the KV loop takes them: from shared memory with policy::BOUNDS_IN_SHARED
-  // (stored here, before the first copy that reads them), else the registers of `m` and the token
-  // range.
+  // The request's bounds as the KV loop takes them (LoopBounds; with policy::BOUNDS_IN_SHARED
+  // stored here, before the first copy that reads them).
   const SharedBounds bounds{tma_bars + TMA_BARRIER_BYTES};
   if constexpr (policy::BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
-  auto loop_kv_len = [&]() {
-    if constexpr (policy::BOUNDS_IN_SHARED) {
-      return bounds.kv_len();
-    } else {
-      return m.kv_len;
-    }
-  };
-  // (`m` itself otherwise, not a copy: passing a copy to the logits moved ptxas's register
-  // allocation of the ALiBi kernels, 246 -> 254 registers for bf16 causal paged `w4q2kv64` at sm_80.)
-  auto loop_mask = [&]() -> decltype(auto) {
-    if constexpr (policy::BOUNDS_IN_SHARED) {
-      return bounds.mask(m);
-    } else {
-      return (m);
-    }
-  };
-  auto loop_tok_lo = [&]() {
-    if constexpr (policy::TOKENS_IN_SHARED) {
-      return bounds.tok_lo();
-    } else {
-      return tok_lo;
-    }
-  };
-  auto loop_tok_hi = [&]() {
-    if constexpr (policy::TOKENS_IN_SHARED) {
-      return bounds.tok_hi();
-    } else {
-      return tok_hi;
-    }
-  };
+  const LoopBounds loop{m, tok_lo, tok_hi, bounds};
   const bool kv_tma = policy::TMA_KV && p.kv_tma != 0;
   auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
   auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
@@ -162,7 +132,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // last to read (they were issued before the barrier that precedes this call).
   auto stage_next_page_ids = [&](int t) {
     const int k1 = kv_lo + (t + 1) * KV_TILE;
-    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop_kv_len() - k1);
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop.kv_len() - k1);
   };
   // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
   // The group is committed even when empty (past the last tile) so that every iteration waits for
@@ -174,7 +144,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         if (threadIdx.x == 0) issue_tma(t, k0);
       } else {
         load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, loop_kv_len() - k0);
+                                                                               k0, loop.kv_len() - k0);
         stage_next_page_ids(t);
       }
     }
@@ -338,19 +308,19 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         float s[MMA_Q][KV_NT][4];
         widen_f16(frag, k_sub.base, acc, 0, finite, s);
-        float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, frag, v_sub.base,
+        float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, frag, v_sub.base,
                           softmax_scale, softmax, s, o, await_v_free_k);
       } else if constexpr (policy::F16_WARP_CHOICE) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
                                                                 KV_SUB)) {
           softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
         } else {
           float s[MMA_Q][KV_NT][4];
           widen_f16(frag, k_sub.base, acc, 0, finite, s);
-          float_logits_update(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, softmax_scale,
+          float_logits_update(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, softmax_scale,
                               softmax, s, o);
           const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
 #pragma unroll
@@ -366,7 +336,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
                                                                 KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
           const F16Logits<MMA_Q, KV_NT> probs{acc};
@@ -378,7 +348,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           for (int piece = 0; piece < KV_SUB / policy::F16_FLOAT_PIECE; ++piece) {
             float s[MMA_Q][policy::F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(),
+            float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(),
                               k0 + piece * policy::F16_FLOAT_PIECE, lane, frag,
                               v_sub.base + piece * policy::F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
                               await_v);
@@ -398,7 +368,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           } else {
             qk_f32(frag, k_piece, s);
           }
-          float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * policy::F32_PIECE, lane,
+          float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0 + piece * policy::F32_PIECE, lane,
                             frag, v_piece, softmax_scale, softmax, s, o, await_v_free_k);
         }
       }
