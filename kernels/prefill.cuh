@@ -394,37 +394,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     float* scratch = reinterpret_cast<float*>(smem + Q_TILE_BYTES);
     if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
   }
-
-  // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
-  // uses are computed again here rather than held through the loop. From a fresh read of the lane
-  // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
-  // results and keep them live after all). With policy::LOOP_ROWS_FRESH the loop's logits do the same
-  // (FreshRows), and the first ones are not used at all.
-  if constexpr (policy::EPILOGUE_RELOADS_QO_LEN) {
-    int qo_len;
-    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&p.work[2 * blockIdx.x + 1].y));
-    tile.packed_len = qo_len * p.group_size;
-  }
-  rows = tile.row_coords(warp_rows, lane_id());
-  float sink_log2[MMA_Q][2];
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
   float lse[MMA_Q][2];
-  if (split) {
-    // A chunk's partial result leaves the sink out: the merge adds it once.
-    softmax.finish<false>(o, sink_log2, lse);
-    store_partial(p, rows, qo_start, work.w, lane, o, lse);
-    return;
-  }
-  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-  // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
-  // copy is in flight: the last tile's groups were waited for, later ones are empty). With
-  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
-  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
-  store_output(p, tile, rows, qo_start, warp_rows, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
+  write_result(CtaResult{p, tile, rows, warp_rows, qo_start, work.w, split, lane, smem, q_tile}, softmax, o, lse);
 }
 
 }  // namespace prefill
