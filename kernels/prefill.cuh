@@ -5,9 +5,10 @@
 // epilogue (normalise and store, or a split plan's partial result).
 //
 // The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
-// rows), prefill_kv_pipeline.cuh (the request's bounds in shared memory, the Q prescale),
-// prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma), prefill_step.cuh (a
-// sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh (the stores). Every
+// rows), prefill_kv_pipeline.cuh (the request's bounds as the KV loop reads them, LoopBounds; the
+// Q prescale), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
+// prefill_step.cuh (a sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh
+// (write_result: normalise and store). The K/V loads are lambdas here, over run_cta's locals. Every
 // tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
 // compile --explain NAME` prints them).
 //
