@@ -171,8 +171,9 @@ def gather(kv, ids, indptr, last, r, layout, page_size):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("form", ["combined", "halves", "tuple"])
-def test_paged_prefill(layout, form):
-    page_size, hq, hkv, d = 16, 8, 2, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_prefill(layout, form, page_size):
+    hq, hkv, d = 8, 2, 128
     kv_lens, qo_lens = [33, 200, 16, 97], [33, 7, 1, 50]
     kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, layout)
     cache = {
@@ -194,9 +195,11 @@ def test_paged_prefill(layout, form):
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("window_left,cap", [(-1, None), (100, None), (-1, 50.0)])
-def test_decode_and_cuda_graph(layout, window_left, cap):
-    page_size, hq, hkv, d = 16, 32, 8, 128
+@pytest.mark.parametrize(
+    "window_left,cap,page_size", [(-1, None, 16), (100, None, 12), (-1, 50.0, 5)]
+)
+def test_decode_and_cuda_graph(layout, window_left, cap, page_size):
+    hq, hkv, d = 32, 8, 128
     kv_lens = [1, 15, 16, 17, 500, 1000, 3, 64]
     kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, layout, torch.bfloat16)
     batch = len(kv_lens)
@@ -263,8 +266,9 @@ def test_merge_state_in_place_with_mask():
     torch.testing.assert_close(s[~mask], s0[~mask], atol=0, rtol=0)
 
 
-def test_append_on_the_gpu():
-    page_size, hkv, d = 16, 4, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_append_on_the_gpu(page_size):
+    hkv, d = 4, 128
     old, new = [10, 0, 31], [7, 20, 1]
     total = [a + b for a, b in zip(old, new)]
     kv, ids, indptr, last = paged_cache(total, page_size, hkv, d, "NHD")

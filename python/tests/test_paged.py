@@ -33,8 +33,9 @@ def make_cache(kv_lens, page_size, hkv, d, layout, combined):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("combined", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_paged_prefill(layout, combined, causal):
-    page_size, hq, hkv, d = 16, 8, 2, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_prefill(layout, combined, causal, page_size):
+    hq, hkv, d = 8, 2, 128
     kv_lens = [int(n) for n in rng.integers(20, 100, 4)]
     qo_lens = [int(rng.integers(1, n + 1)) for n in kv_lens]
     cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, combined)
@@ -53,8 +54,9 @@ def test_paged_prefill(layout, combined, causal):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("window_left,cap", [(-1, None), (20, None), (-1, 10.0)])
-def test_decode(layout, window_left, cap):
-    page_size, hq, hkv, d = 8, 8, 8, 64
+@pytest.mark.parametrize("page_size", [8, 12])
+def test_decode(layout, window_left, cap, page_size):
+    hq, hkv, d = 8, 8, 64
     kv_lens = [int(n) for n in rng.integers(1, 70, 6)]
     cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, True)
     q = rand((len(kv_lens), hq, d))
@@ -67,8 +69,9 @@ def test_decode(layout, window_left, cap):
         np.testing.assert_allclose(o[r : r + 1].astype(np.float64), want, atol=2e-2, rtol=2e-2)
 
 
-def test_append_then_decode():
-    page_size, hkv, d = 4, 2, 64
+@pytest.mark.parametrize("page_size", [4, 5])
+def test_append_then_decode(page_size):
+    hkv, d = 2, 64
     old = [5, 0, 9]
     new = [3, 2, 1]
     total = [a + b for a, b in zip(old, new)]
