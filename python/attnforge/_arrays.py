@@ -74,8 +74,9 @@ def empty(like, shape, float32=False):
     return like.new_empty(shape)
 
 
-def from_list(like, values):
-    """A float32 1-d array of ``values`` in the library and on the device of ``like``."""
+def float32_array(like, values):
+    """A float32 array of ``values`` (a list or a numpy array) in the library and on the device
+    of ``like``."""
     if is_torch(like):
         import torch
 

@@ -16,6 +16,8 @@ implement raises ``NotImplementedError`` naming it; bad input raises ``ValueErro
 import collections
 import functools
 
+import numpy as np
+
 from . import _arrays as A
 from . import _native
 from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
@@ -54,9 +56,12 @@ def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
     return out, lse
 
 
-def _finish(out, lse, return_lse):
-    """Converts the natural-log LSE to FlashInfer's base 2, in place, and returns."""
+def _finish(out, lse, return_lse, shift=None):
+    """Shifts the LSE to FlashInfer's ALiBi convention (``shift``, an ``_LseShift``, when
+    given), converts it from natural log to FlashInfer's base 2, in place, and returns."""
     if lse is not None:
+        if shift is not None:
+            lse += shift.like(lse)
         lse *= A.LOG2E
     return (out, lse) if return_lse else out
 
@@ -66,23 +71,51 @@ def _check_o_dtype(o_dtype, q):
         refuse("o_dtype", o_dtype, "the output has the dtype of q")
 
 
+class _LseShift:
+    """What turns attnforge's ALiBi LSEs into FlashInfer's. attnforge's bias is
+    ``slope * (j - (i + kv_len - qo_len))`` (query ``i`` at its position among the keys),
+    FlashInfer's ``slope * (j - i)`` (``i`` the query's index in its request; 0 in decode): the
+    same softmax, and LSEs apart by ``slope * (kv_len - qo_len)`` per request and head. Holds
+    those shifts (a float32 numpy array, ``[heads]`` or ``[rows, heads]``) and their copy in
+    each library and device they are added on."""
+
+    def __init__(self, values):
+        self.values, self._arrays = values, {}
+
+    @staticmethod
+    def of_batch(slopes, qo_indptr, kv_indptr):
+        """The shifts of every query row of a batch; ``None`` without ALiBi."""
+        if slopes is None:
+            return None
+        rows = np.zeros((qo_indptr[-1], len(slopes)), np.float32)
+        slopes = np.asarray(slopes, np.float32)
+        for r in range(len(qo_indptr) - 1):
+            qo, kv = qo_indptr[r + 1] - qo_indptr[r], kv_indptr[r + 1] - kv_indptr[r]
+            rows[qo_indptr[r] : qo_indptr[r + 1]] = slopes * (kv - qo)
+        return _LseShift(rows)
+
+    def like(self, lse):
+        key = (type(lse), A.device_of(lse))
+        array = self._arrays.get(key)
+        if array is None:
+            array = self._arrays[key] = A.float32_array(lse, self.values)
+        return array
+
+
+def _slopes(pos_encoding_mode, num_qo_heads):
+    """FlashInfer's ALiBi slopes with ``pos_encoding_mode="ALIBI"``, else ``None``."""
+    return alibi_slopes(int(num_qo_heads)) if pos_encoding_mode == "ALIBI" else None
+
+
 class _SinglePlan:
     """A plan of ``single_prefill_with_kv_cache`` with what its calls need beside it."""
 
-    __slots__ = ("plan", "device", "qo_len", "num_qo_heads", "head_dim_vo", "shift", "_shifts")
+    __slots__ = ("plan", "device", "qo_len", "num_qo_heads", "head_dim_vo", "shift")
 
     def __init__(self, plan, device, qo_len, num_qo_heads, head_dim_vo, shift):
         self.plan, self.device = plan, device
         self.qo_len, self.num_qo_heads, self.head_dim_vo = qo_len, num_qo_heads, head_dim_vo
-        # Per-head LSE shifts (ALiBi), or None; the array of them per library and device.
-        self.shift, self._shifts = shift, {}
-
-    def shifts_like(self, lse):
-        key = (type(lse), A.device_of(lse))
-        array = self._shifts.get(key)
-        if array is None:
-            array = self._shifts[key] = A.from_list(lse, self.shift)
-        return array
+        self.shift = shift  # an _LseShift with ALiBi, else None
 
 
 # The plans of single_prefill_with_kv_cache, by the call's arguments, most recently used last:
@@ -169,9 +202,7 @@ def single_prefill_with_kv_cache(
     shape = (entry.qo_len, entry.num_qo_heads, entry.head_dim_vo)
     out, lse = _outputs(q, *shape, None, None, return_lse)
     entry.plan.run(q, k, v, out, lse, A.current_stream(entry.device))
-    if lse is not None and entry.shift is not None:
-        lse += entry.shifts_like(lse)
-    return _finish(out, lse, return_lse)
+    return _finish(out, lse, return_lse, entry.shift)
 
 
 def _single_plan(
@@ -214,7 +245,7 @@ def _single_plan(
     kv_len, num_kv_heads, _ = (int(n) for n in k.shape)
     head_dim_vo = int(v.shape[2])
     qo_indptr, kv_indptr = [0, qo_len], [0, kv_len]
-    slopes = alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None
+    slopes = _slopes(pos_encoding_mode, num_qo_heads)
     options = spec(
         num_qo_heads,
         num_kv_heads,
@@ -234,9 +265,7 @@ def _single_plan(
     )
     device = A.device_of(q)
     plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
-    # attnforge's ALiBi bias is slope * (j - (i + kv_len - qo_len)), FlashInfer's
-    # slope * (j - i): the same softmax, and LSEs apart by slope * (kv_len - qo_len).
-    shift = None if slopes is None else [s * (kv_len - qo_len) for s in slopes]
+    shift = _LseShift.of_batch(slopes, qo_indptr, kv_indptr)
     return _SinglePlan(plan, device, qo_len, num_qo_heads, head_dim_vo, shift)
 
 
@@ -265,7 +294,9 @@ def single_decode_with_kv_cache(
     """Decode attention of one request: ``q [Hq, D]`` (the request's newest token) over ``k``,
     ``v`` as in ``single_prefill_with_kv_cache``. Returns ``o [Hq, Dvo]``, or ``(o, lse)`` with
     the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
-    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel)."""
+    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel);
+    with ALiBi the LSE follows FlashInfer's decode bias ``slope * j``, as the prefill's
+    ``slope * (j - i)`` with ``i = 0``."""
     refuse_set(
         q_scale=(q_scale, "fp8 inputs are not supported yet"),
         k_scale=(k_scale, "fp8 inputs are not supported yet"),
@@ -274,7 +305,7 @@ def single_decode_with_kv_cache(
     A.checked_dtype(q, "q")
     if len(q.shape) != 2:
         raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
-    o, lse = single_prefill_with_kv_cache(
+    o = single_prefill_with_kv_cache(
         q[None],
         k,
         v,
@@ -286,14 +317,12 @@ def single_decode_with_kv_cache(
         logits_soft_cap=logits_soft_cap,
         rope_scale=rope_scale,
         rope_theta=rope_theta,
-        return_lse=True,
+        return_lse=return_lse,
     )
-    if pos_encoding_mode == "ALIBI":
-        # The prefill's LSE follows FlashInfer's prefill bias slope * (j - i) with i = 0; the
-        # decode's query sits at kv_len - 1, so its bias and LSE are attnforge's own.
-        kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
-        lse -= A.from_list(lse, [s * (kv_len - 1) for s in alibi_slopes(q.shape[0])])
-    return (o[0], lse[0]) if return_lse else o[0]
+    if return_lse:
+        o, lse = o
+        return o[0], lse[0]
+    return o[0]
 
 
 class _Wrapper:
@@ -302,6 +331,7 @@ class _Wrapper:
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
         _check_kv_layout(kv_layout)
         check_common(backend=backend)
+        self._lse_shift = None
         if use_cuda_graph:
             refuse(
                 "use_cuda_graph",
@@ -339,7 +369,7 @@ class _Wrapper:
             refuse("window_left", window_left, "the window is fixed by plan()")
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
         plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device))
-        return _finish(out, lse, return_lse)
+        return _finish(out, lse, return_lse, self._lse_shift)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
@@ -391,7 +421,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
     ):
         """Plans the batch: validates it, and on a GPU compiles the kernel and uploads the
         index arrays, so that ``run`` only launches."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(
             prefix_len_ptr,
             token_pos_in_items_ptr,
@@ -404,6 +434,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         kv = A.int_list(kv_indptr, "kv_indptr")
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         options = spec(
             num_qo_heads,
             num_kv_heads,
@@ -419,9 +450,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             use_fp16_qk_reduction,
             custom_mask,
             packed_custom_mask,
+            slopes,
         )
         native = _native.RaggedPlan(qo, kv, options, self._device)
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
@@ -432,7 +465,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             k, v = A.swap01(k), A.swap01(v)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
         native.run(q, k, v, out, lse, A.current_stream(self._device))
-        return _finish(out, lse, return_lse)
+        return _finish(out, lse, return_lse, self._lse_shift)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -516,7 +549,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         disable_split_kv=False,
     ):
         """Plans the batch over the page table."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(
             prefix_len_ptr,
             token_pos_in_items_ptr,
@@ -540,6 +573,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         indices = A.int_list(paged_kv_indices, "paged_kv_indices")
         last = A.int_list(paged_kv_last_page_len, "paged_kv_last_page_len")
         kv = _kv_indptr(indptr, last, int(page_size))
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         options = spec(
             num_qo_heads,
             num_kv_heads,
@@ -555,11 +589,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             use_fp16_qk_reduction,
             custom_mask,
             packed_custom_mask,
+            slopes,
         )
         native = _native.PagedPlan(
             qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
         )
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(
         self,
@@ -641,7 +677,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         disable_split_kv=False,
     ):
         """Plans one query per request over the page table."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
         reason = "these arguments feed FlashInfer's trtllm-gen backend"
         refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
@@ -651,6 +687,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         page_indptr = A.int_list(indptr, "indptr")
         batch = len(page_indptr) - 1
         qo = list(range(batch + 1))
+        kv = _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size))
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         # One query at the last position sees every key: causal only matters for the window.
         options = spec(
             num_qo_heads,
@@ -659,11 +697,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             head_dim,
             self._dtype,
             qo,
-            _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size)),
+            kv,
             causal=int(window_left) >= 0,
             window_left=window_left,
             logits_soft_cap=logits_soft_cap,
             sm_scale=sm_scale,
+            alibi_slopes=slopes,
         )
         native = _native.PagedPlan(
             qo,
@@ -676,6 +715,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             self._device,
         )
         self._plan = (native, batch, int(num_qo_heads), int(head_dim), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(
         self,

@@ -42,7 +42,9 @@ def test_wrappers_refuse():
     with pytest.raises(NotImplementedError, match="kv_data_type"):
         w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type="float16", kv_data_type="bfloat16")
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
-        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ALIBI")
+        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
+        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ALIBI", logits_soft_cap=30.0)
     with pytest.raises(NotImplementedError, match="fixed_split_size"):
         w.plan([0, 8], [0, 16], 4, 2, 64, fixed_split_size=128)
     w.plan([0, 8], [0, 16], 4, 2, 64)

@@ -135,3 +135,30 @@ def test_merge_states_matches_split_attention():
     want_o, want_lse = attention(q, k, v)
     np.testing.assert_allclose(o.astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_wrappers_alibi(decode):
+    page_size, h, d = 5, 4, 64
+    kv_lens = [7, 1, 23]
+    qo_lens = [1, 1, 1] if decode else [3, 1, 23]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, h, d, "NHD", True)
+    qo_indptr = np.cumsum([0, *qo_lens])
+    q = rand((qo_indptr[-1], h, d))
+    ws = np.empty(1, np.uint8)
+    if decode:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+        w.plan(indptr, ids, last, h, h, d, page_size, pos_encoding_mode="ALIBI")
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+        w.plan(qo_indptr, indptr, ids, last, h, h, d, page_size, causal=True,
+               pos_encoding_mode="ALIBI")
+    o, lse = w.run(q, cache, return_lse=True)
+    n = 2 ** int(np.floor(np.log2(h)))
+    slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    for r in range(len(kv_lens)):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
+        qs = slice(qo_indptr[r], qo_indptr[r + 1])
+        want_o, want_lse = attention(q[qs], k, v, causal=not decode, alibi=slopes)
+        np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+        np.testing.assert_allclose(lse[qs], want_lse, atol=2e-3, rtol=1e-3)
