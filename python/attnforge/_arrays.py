@@ -112,6 +112,16 @@ def int_list(x, name):
     return [int(i) for i in arr.reshape(-1).tolist()]
 
 
+def float_list(x, name):
+    """The floats of a 1-d array (numpy, torch on any device, or a sequence)."""
+    if is_torch(x):
+        return [float(f) for f in x.detach().float().cpu().reshape(-1).tolist()]
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"invalid {name}: has dtype {arr.dtype}; expected numbers")
+    return [float(f) for f in arr.reshape(-1).tolist()]
+
+
 def bool_numpy(x):
     """A host numpy bool copy of a mask array."""
     if is_torch(x):

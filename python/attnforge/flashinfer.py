@@ -325,6 +325,10 @@ def single_decode_with_kv_cache(
     return o[0]
 
 
+# Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
+_SINK_PLANS_MAX = 4
+
+
 class _Wrapper:
     """What the three wrappers share: the workspace's device, the layout, the CUDA-graph flag."""
 
@@ -356,6 +360,29 @@ class _Wrapper:
             raise RuntimeError("run() before plan(): call plan() first")
         return self._plan
 
+    def _keep_paged(self, native, qo, indptr, indices, last, page_size, options):
+        """Keeps what a plan with sinks (``run(sinks=)``) is made from."""
+        self._paged_args = (qo, indptr, indices, last, page_size, options)
+        self._sink_plans = {}
+        return native
+
+    def _sink_plan(self, sinks):
+        """The plan of the planned batch with attention sinks ``sinks`` (one logit per query
+        head): read on the host (a device-to-host copy on a GPU), planned on first use of those
+        values, the last few kept."""
+        values = tuple(A.float_list(sinks, "sinks"))
+        plan = self._sink_plans.get(values)
+        if plan is None:
+            qo, indptr, indices, last, page_size, options = self._paged_args
+            options = dict(options, sinks=list(values))
+            plan = _native.PagedPlan(
+                qo, indptr, indices, last, page_size, self._kv_layout, options, self._device
+            )
+            if len(self._sink_plans) >= _SINK_PLANS_MAX:
+                self._sink_plans.pop(next(iter(self._sink_plans)))
+            self._sink_plans[values] = plan
+        return plan
+
     def _plan_dtype(self, q_data_type, kv_data_type):
         q = dtype_code(q_data_type, "q_data_type")
         kv = dtype_code(kv_data_type, "kv_data_type")
@@ -363,10 +390,12 @@ class _Wrapper:
             refuse("kv_data_type", kv_data_type, "q and the KV cache share one dtype")
         self._dtype = q
 
-    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left):
+    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks):
         plan, total_qo, num_qo_heads, head_dim_vo, planned_window = self._planned()
         if window_left is not None and window_left != planned_window:
             refuse("window_left", window_left, "the window is fixed by plan()")
+        if sinks is not None:
+            plan = self._sink_plan(sinks)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
         plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device))
         return _finish(out, lse, return_lse, self._lse_shift)
@@ -591,8 +620,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             packed_custom_mask,
             slopes,
         )
-        native = _native.PagedPlan(
-            qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+        native = self._keep_paged(
+            _native.PagedPlan(
+                qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+            ),
+            qo,
+            indptr,
+            indices,
+            last,
+            int(page_size),
+            options,
         )
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
         self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
@@ -613,9 +650,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         sinks=None,
     ):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is sinks is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
+            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -704,15 +741,16 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             sm_scale=sm_scale,
             alibi_slopes=slopes,
         )
-        native = _native.PagedPlan(
+        table = (A.int_list(indices, "indices"), A.int_list(last_page_len, "last_page_len"))
+        native = self._keep_paged(
+            _native.PagedPlan(
+                qo, page_indptr, *table, int(page_size), self._kv_layout, options, self._device
+            ),
             qo,
             page_indptr,
-            A.int_list(indices, "indices"),
-            A.int_list(last_page_len, "last_page_len"),
+            *table,
             int(page_size),
-            self._kv_layout,
             options,
-            self._device,
         )
         self._plan = (native, batch, int(num_qo_heads), int(head_dim), int(window_left))
         self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
@@ -734,11 +772,11 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         q_len_per_req=1,
     ):
         """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is sinks is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
+        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
+            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
         if q_len_per_req not in (None, 1):
             refuse("q_len_per_req", q_len_per_req, "decode takes one query per request")
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -162,3 +162,34 @@ def test_paged_wrappers_alibi(decode):
         want_o, want_lse = attention(q[qs], k, v, causal=not decode, alibi=slopes)
         np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
         np.testing.assert_allclose(lse[qs], want_lse, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_wrappers_sinks(decode):
+    page_size, hq, hkv, d = 12, 8, 2, 64
+    kv_lens = [30, 1, 5, 13]
+    qo_lens = [1, 1, 1, 1] if decode else [4, 1, 2, 13]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, "HND", False)
+    qo_indptr = np.cumsum([0, *qo_lens])
+    q = rand((qo_indptr[-1], hq, d))
+    ws = np.empty(1, np.uint8)
+    if decode:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "HND")
+        w.plan(indptr, ids, last, hq, hkv, d, page_size)
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
+        w.plan(qo_indptr, indptr, ids, last, hq, hkv, d, page_size, causal=True)
+    for _ in range(2):  # new sink values each time: a plan for each
+        sinks = rng.random(hq).astype(np.float32) * 4
+        o, lse = w.run(q, cache, sinks=sinks, return_lse=True)
+        for r in range(len(kv_lens)):
+            qs = slice(qo_indptr[r], qo_indptr[r + 1])
+            k, v = gather_pages(ck, cv, indptr, ids, last, r, "HND")
+            want_o, want_lse = attention(q[qs], k, v, causal=not decode, sinks=sinks)
+            np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+            np.testing.assert_allclose(lse[qs], want_lse, atol=2e-3, rtol=1e-3)
+    # Without sinks the plan's own batch runs as before.
+    o = w.run(q, cache)
+    k, v = gather_pages(ck, cv, indptr, ids, last, 0, "HND")
+    want_o, _ = attention(q[: qo_lens[0]], k, v, causal=not decode)
+    np.testing.assert_allclose(o[: qo_lens[0]].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
