@@ -151,8 +151,9 @@ def test_paged_wrappers_alibi(decode):
         w.plan(indptr, ids, last, h, h, d, page_size, pos_encoding_mode="ALIBI")
     else:
         w = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
-        w.plan(qo_indptr, indptr, ids, last, h, h, d, page_size, causal=True,
-               pos_encoding_mode="ALIBI")
+        w.plan(
+            qo_indptr, indptr, ids, last, h, h, d, page_size, causal=True, pos_encoding_mode="ALIBI"
+        )
     o, lse = w.run(q, cache, return_lse=True)
     n = 2 ** int(np.floor(np.log2(h)))
     slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]

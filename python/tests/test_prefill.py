@@ -196,7 +196,8 @@ def test_single_prefill_plans_are_kept_by_shape_and_options():
 
 def test_single_decode_alibi_lse():
     # FlashInfer's decode bias is slope * j (the query's index 0): the reference with one query.
-    q, k, v = rand((8, 64), np.float32), rand((41, 8, 64), np.float32), rand((41, 8, 64), np.float32)
+    q = rand((8, 64), np.float32)
+    k, v = rand((41, 8, 64), np.float32), rand((41, 8, 64), np.float32)
     o, lse = fi.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ALIBI", return_lse=True)
     want_o, want_lse = attention(q[None], k, v, alibi=flashinfer_slopes(8))
     close(o, want_o[0], np.float32)
@@ -210,8 +211,16 @@ def test_ragged_wrapper_alibi(causal):
     q = rand((qo_indptr[-1], h, 64), np.float32)
     k, v = rand((kv_indptr[-1], h, 64), np.float32), rand((kv_indptr[-1], h, 64), np.float32)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(np.empty(1, np.uint8))
-    w.plan(qo_indptr, kv_indptr, h, h, 64, causal=causal, pos_encoding_mode="ALIBI",
-           q_data_type="float32")
+    w.plan(
+        qo_indptr,
+        kv_indptr,
+        h,
+        h,
+        64,
+        causal=causal,
+        pos_encoding_mode="ALIBI",
+        q_data_type="float32",
+    )
     o, lse = w.run(q, k, v, return_lse=True)
     for r in range(3):
         qs, ks = slice(qo_indptr[r], qo_indptr[r + 1]), slice(kv_indptr[r], kv_indptr[r + 1])
