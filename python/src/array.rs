@@ -3,7 +3,7 @@
 //! Python hands every array over as the array object itself: a torch tensor (read through its
 //! public attributes `data_ptr()`, `shape`, `stride()`, `dtype`, `is_cuda`, `get_device()`, so
 //! nothing here depends on torch's binary interface) or a numpy array (read through its
-//! `__array_interface__`). [`ArrayArg`] is what is read: the address of element 0, the shape,
+//! `__array_struct__`). [`ArrayArg`] is what is read: the address of element 0, the shape,
 //! strides in elements (not bytes), the dtype and the CUDA ordinal, or none for host memory.
 //! The caller keeps the array alive for the call; that is the contract the `unsafe` reads and
 //! writes below rely on.
@@ -15,7 +15,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{PyCapsule, PyType};
 
 /// One array, as read from its Python object.
 #[derive(Clone, Debug)]
@@ -276,50 +276,79 @@ fn dtype_of_name(dtype: &str) -> Option<DType> {
     }
 }
 
-/// A numpy array, through its `__array_interface__` (host memory; byte strides in whole
-/// elements).
+/// numpy's `PyArrayInterface`, the C struct behind `__array_struct__` (numpy's array interface
+/// protocol, version 3).
+#[repr(C)]
+struct ArrayStruct {
+    two: std::ffi::c_int,
+    nd: std::ffi::c_int,
+    typekind: std::ffi::c_char,
+    itemsize: std::ffi::c_int,
+    flags: std::ffi::c_int,
+    shape: *const isize,
+    strides: *const isize,
+    data: *mut std::ffi::c_void,
+    descr: *mut std::ffi::c_void,
+}
+
+/// `ArrayStruct::flags`: the bytes are in the machine's order, and may be written.
+const NOTSWAPPED: std::ffi::c_int = 0x200;
+const WRITEABLE: std::ffi::c_int = 0x400;
+
+/// A numpy array, through its `__array_struct__` (one capsule: no dict, no strings); byte
+/// strides in whole elements.
 fn read_numpy(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
     let py = obj.py();
-    let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
-    let dtype_name = dtype_obj.str()?;
-    let dtype = dtype_of_name(&dtype_name.to_cow()?).ok_or_else(|| {
-        invalid(
+    let capsule = obj.getattr(intern!(py, "__array_struct__"))?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    // SAFETY: numpy's capsule holds a PyArrayInterface (checked by `two`) that lives, with the
+    // shape and strides it points to, as long as the capsule, which outlives every read here.
+    let s = unsafe {
+        capsule
+            .pointer_checked(None)?
+            .cast::<ArrayStruct>()
+            .as_ref()
+    };
+    let bad_dtype = || -> PyResult<PyErr> {
+        let dtype = obj.getattr(intern!(py, "dtype"))?.str()?;
+        Ok(invalid(
             name,
-            format!("has dtype {dtype_name}; expected float16 or float32"),
-        )
-    })?;
-    let interface = obj.getattr(intern!(py, "__array_interface__"))?;
-    let interface = interface.cast::<PyDict>()?;
-    let missing = || PyTypeError::new_err(format!("{name}: an incomplete __array_interface__"));
-    let data = interface
-        .get_item(intern!(py, "data"))?
-        .ok_or_else(missing)?;
-    let (address, read_only): (u64, bool) = data.extract()?;
-    let shape = interface
-        .get_item(intern!(py, "shape"))?
-        .ok_or_else(missing)?;
-    let shape: Vec<usize> = shape.extract()?;
-    let size = dtype.size_bytes() as i64;
-    let strides = match interface.get_item(intern!(py, "strides"))? {
-        Some(s) if !s.is_none() => {
-            let bytes: Vec<i64> = s.extract()?;
-            if bytes.iter().any(|b| b % size != 0) {
-                return Err(invalid(
-                    name,
-                    format!("strides {bytes:?} are not whole elements"),
-                ));
-            }
-            bytes.iter().map(|b| b / size).collect()
+            format!("has dtype {dtype}; expected float16 or float32"),
+        ))
+    };
+    if s.two != 2 || s.flags & NOTSWAPPED == 0 {
+        return Err(bad_dtype()?);
+    }
+    let dtype = match (s.typekind as u8, s.itemsize) {
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        _ => return Err(bad_dtype()?),
+    };
+    let nd = usize::try_from(s.nd).unwrap_or(0);
+    // SAFETY: `shape` (and `strides`, when not null) hold `nd` entries (the protocol).
+    let shape: Vec<usize> = (0..nd)
+        .map(|d| unsafe { *s.shape.add(d) } as usize)
+        .collect();
+    let strides = if s.strides.is_null() {
+        row_major(&shape)
+    } else {
+        let size = s.itemsize as isize;
+        let bytes: Vec<isize> = (0..nd).map(|d| unsafe { *s.strides.add(d) }).collect();
+        if bytes.iter().any(|b| b % size != 0) {
+            return Err(invalid(
+                name,
+                format!("strides {bytes:?} are not whole elements"),
+            ));
         }
-        _ => row_major(&shape),
+        bytes.iter().map(|&b| (b / size) as i64).collect()
     };
     Ok(ArrayArg {
-        address,
+        address: s.data as u64,
         shape,
         strides,
         dtype,
         device: None,
-        writable: !read_only,
+        writable: s.flags & WRITEABLE != 0,
     })
 }
 
