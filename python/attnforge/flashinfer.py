@@ -649,7 +649,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         window_left=None,
         sinks=None,
     ):
-        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
+        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
+        (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
+        they are read on the host, so such a call does not belong in a graph capture."""
         if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
             check_run(args, q_scale, k_scale, v_scale, enable_pdl)
         return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
@@ -771,7 +773,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         sinks=None,
         q_len_per_req=1,
     ):
-        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
+        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
+        (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
+        they are read on the host, so such a call does not belong in a graph capture."""
         if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
             check_run(args, q_scale, k_scale, v_scale, enable_pdl)
         if q_len_per_req not in (None, 1):
