@@ -44,7 +44,8 @@ import os
 import sys
 
 import peers_timing
-from peers import IMPL_SCOPE, SUITE_IMPLS, SUITE_PAGED, SUITE_PREFILL, is_decode
+from peers import IMPL_SCOPE, SUITE_IMPLS
+from peers_shapes import SUITE_PAGED, SUITE_PREFILL, is_decode
 
 OURS = "attnforge"
 # The figures a result line carries: field -> (unit, format).

@@ -15,7 +15,8 @@ import os
 import tempfile
 
 import report
-from peers import IMPL_FA3, IMPL_FI_FA3, IMPL_SCOPE, IMPL_TORCH_CUDNN, SUITE_PREFILL
+from peers import IMPL_FA3, IMPL_FI_FA3, IMPL_SCOPE, IMPL_TORCH_CUDNN
+from peers_shapes import SUITE_PREFILL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
