@@ -14,6 +14,7 @@ use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
+use super::graph::capture_graph;
 use super::pages::KernelPages;
 use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions};
 use super::prefill::{check_buffer, check_view_alignment, qo_address};
@@ -332,19 +333,8 @@ impl Engine {
                 }
                 self.run_poisoned(paged.problem(), &name, |o, lse| {
                     let mut lse = lse;
-                    stream
-                        .begin_capture(
-                            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                        )
-                        .during("beginning a graph capture")?;
-                    let launched = plan.run(self, &qd, device_cache(&buffers), o, lse.as_deref_mut());
-                    let graph = stream
-                        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-                        .during("ending a graph capture")?;
-                    launched?;
-                    let graph = graph.ok_or_else(|| CudaError::Buffer {
-                        name: "graph",
-                        reason: "the capture recorded no work".into(),
+                    let graph = capture_graph(stream, || {
+                        plan.run(self, &qd, device_cache(&buffers), o, lse.as_deref_mut())
                     })?;
                     graph.launch().during("launching the graph on the decoy")?;
                     // The real contents, in the same buffers; the outputs poisoned again.
