@@ -169,14 +169,25 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
-        let planned = choose_kv_split(
-            problem,
-            cta_q,
-            kv_tile,
-            split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
-        );
+        let planned = if spec.tile.supports_kv_split() {
+            choose_kv_split(
+                problem,
+                cta_q,
+                kv_tile,
+                split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
+            )
+        } else {
+            None
+        };
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
+        if split.is_some() && !spec.tile.supports_kv_split() {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("a split KV range with tile {}", spec.tile.label()),
+                supported: "unsplit plans with the warp-specialised tile (it writes no partial results)".into(),
+            });
+        }
         let items = prefill_work(problem, cta_q, split.as_ref(), slots);
         let num_work = u32::try_from(items.len())
             .ok()
@@ -269,6 +280,16 @@ impl KernelPlan {
         let group_div = FastDivisor::new(p.group_size() as u32);
         let (k_tmap, v_tmap) = self.kv_tensor_maps(kv);
         let kv_tma = k_tmap.is_some() && v_tmap.is_some();
+        if self.spec.tile.warp_specialized && !kv_tma {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!(
+                    "tile {} over K/V views the tensor memory accelerator cannot address",
+                    self.spec.tile.label()
+                ),
+                supported: "K and V with positive strides and a base address that are multiples of 16 bytes, fewer than 2^31 tokens (every tile arrives by TMA)".into(),
+            });
+        }
         let fixed = PrefillParams {
             k_tmap: k_tmap.unwrap_or_default(),
             v_tmap: v_tmap.unwrap_or_default(),
