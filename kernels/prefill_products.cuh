@@ -51,8 +51,8 @@ constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 // `product(mq, kk, a, b)` issues one product (m64n64k16, or m64n32k16 for a piece) of the
 // descriptors a (Q) and b (the K rows from `k_base` on), both K-major in shared memory (a k16
 // step is 32 bytes into a column's swizzled rows, four steps a column). Waits for the products
-// before returning, unless WAIT is false (the caller then waits for their group).
-template <bool WAIT = true, typename Product>
+// before returning.
+template <typename Product>
 __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Product product) {
   const WgmmaDesc q = WgmmaDesc::sw128(q_base, 16, SW128_GROUP_BYTES);
   const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
@@ -66,15 +66,15 @@ __device__ __forceinline__ void qk_wgmma_products(u32_t q_base, u32_t k_base, Pr
       product(mq, kk, q.at(mq * 64 * QTile::ROW_BYTES + q_step), k.at(k_step));
     }
   wgmma_commit();
-  if constexpr (WAIT) wgmma_wait<0>();
+  wgmma_wait<0>();
 }
 
 // S = Q K^T with f32 accumulators by wgmma over the NT * 8 keys from `k_base` on: a whole 64-key
-// sub-tile (m64n64k16 products) or a 32-key piece of one (m64n32k16); WAIT as above.
-template <int NT, bool WAIT = true>
+// sub-tile (m64n64k16 products) or a 32-key piece of one (m64n32k16).
+template <int NT>
 __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
   static_assert(!WGMMA || NT == 8 || NT == 4, "one m64n64k16 or m64n32k16 product per m64 tile and k16 step");
-  qk_wgmma_products<WAIT>(q_base, k_base, [&](int mq, int kk, u64_t a, u64_t b) {
+  qk_wgmma_products(q_base, k_base, [&](int mq, int kk, u64_t a, u64_t b) {
     if constexpr (NT == 8) {
       wgmma_m64n64k16_ss<DTypeIn>(s[mq], a, b, kk > 0);
     } else {

@@ -81,6 +81,43 @@ __device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing&
   }
 }
 
+// d (+)= A B, m64n64k16, f32 accumulators, A from registers (the m16n8k16 A fragment of the
+// warp's 16 rows), B K-major from shared memory; `accumulate` false overwrites d.
+__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor(float (&d)[8][4], const u32_t (&a)[4], u64_t b_desc,
+                                                          bool accumulate) {
+  if constexpr (DTypeTraits<DTypeIn>::IS_BF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " AF_WGMMA_D32_TEXT
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+                 : AF_WGMMA_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " AF_WGMMA_D32_TEXT
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+                 : AF_WGMMA_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
+}
+
+// This warp's Q rows as the A fragments of S = Q K^T, one per k16 step, read once from the Q tile:
+// the products then read only K from shared memory (with Q there too, two warpgroups' m64n64k16
+// products and the TMA copies together would ask for all of the SM's shared-memory bandwidth).
+__device__ __forceinline__ void ws_load_q_fragments(const FragAddrs& f, u32_t (&qf)[QK_CHUNKS / 2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) ldmatrix_x4(qf[kk], f.q.at(f.q_base, 0, kk * 2));
+}
+
+// S = Q K^T for one 64-key tile (K rows from `k_base`), issued as one wgmma group (not waited for).
+__device__ __forceinline__ void ws_issue_qk(const u32_t (&qf)[QK_CHUNKS / 2][4], u32_t k_base,
+                                            float (&s)[MMA_Q][KV_NT][4]) {
+  const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
+#pragma unroll
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk)
+    wgmma_m64n64k16_rs_kmajor(s[0], qf[kk], k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32), kk > 0);
+  wgmma_commit();
+}
+
 // O += P V for one 64-key tile, issued as one wgmma group (not waited for): P as the A fragments
 // of its four k16 blocks, V N-major from `v_base`.
 __device__ __forceinline__ void ws_issue_pv(u32_t v_base, const u32_t (&pf)[KV_NT / 2][MMA_Q][4],
@@ -182,7 +219,8 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       fence_proxy_async_shared();
       ws::named_sync(WS_BAR_Q + consumer, 128);
     }
-    const u32_t q_base = q_tile.base + consumer * WARPGROUP_ROWS * QTile::ROW_BYTES;
+    u32_t qf[QK_CHUNKS / 2][4];
+    ws_load_q_fragments(FragAddrs(q_tile.base, warp_rows.first, lane), qf);
     const u32_t my_turn = WS_BAR_TURN + consumer, other_turn = WS_BAR_TURN + 1 - consumer;
     // Turns alternate from consumer 0's first; each warpgroup takes num_tiles + 1 of them, and
     // consumer 1 hands its last one over to nobody.
@@ -197,7 +235,8 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     // Tile 0: S_0 alone in this turn.
     ring.wait_full(0);
     ws::named_sync(my_turn, 2 * 128);
-    qk_wgmma<KV_NT, false>(q_base, ring.k(0).base, s);
+    wgmma_fence();
+    ws_issue_qk(qf, ring.k(0).base, s);
     ws::named_arrive(other_turn, 2 * 128);
     wgmma_wait<0>();
     float_logits_update(p, rows, m, tile, tok_lo, tok_hi, kv_lo, lane, softmax_scale, softmax, s, o);
@@ -208,7 +247,8 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     for (int j = 1; j < num_tiles; ++j) {
       ring.wait_full(j);
       ws::named_sync(my_turn, 2 * 128);
-      qk_wgmma<KV_NT, false>(q_base, ring.k(j).base, s);
+      wgmma_fence();
+      ws_issue_qk(qf, ring.k(j).base, s);
       ws_issue_pv(ring.v(j - 1).base, pf, o);
       ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<1>();
