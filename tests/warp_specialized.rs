@@ -41,7 +41,10 @@ fn it_runs_on_sm90a_only_and_at_head_dims_64_and_128() {
         assert!(!t.runs_on(Arch::Sm80, dims) && !t.runs_on(Arch::Sm89, dims));
         assert_eq!(t.for_arch(Arch::Sm90a, dims), t);
     }
-    for dims in [HeadDims::equal(256).unwrap(), HeadDims::new(192, 128).unwrap()] {
+    for dims in [
+        HeadDims::equal(256).unwrap(),
+        HeadDims::new(192, 128).unwrap(),
+    ] {
         assert!(!t.runs_on(Arch::Sm90a, dims) && !t.supports_wgmma(dims));
     }
     assert!(t.supports(KvCache::Ragged) && !t.supports(KvCache::Paged));
@@ -65,7 +68,9 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
         )
     };
     let refused = |p: &AttentionProblem, kv| match KernelSpec::for_problem(p, kv, ws()) {
-        Err(Error::Unsupported { what, supported, .. }) => {
+        Err(Error::Unsupported {
+            what, supported, ..
+        }) => {
             assert!(what.contains("ws4q1kv64"), "{what}");
             assert!(supported.contains("ragged K/V, f32 QK"), "{supported}");
             what
@@ -110,7 +115,9 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
     assert!(r.source.contains("constexpr int WS_KV_STAGES = 4;"));
     // The templates see the two consumer warpgroups as the two-warpgroup tile.
     assert!(r.source.contains("constexpr int NUM_WARPS = 8;"));
-    assert!(r.source.contains("__launch_bounds__(prefill::WS_THREADS, 1)"));
+    assert!(r
+        .source
+        .contains("__launch_bounds__(prefill::WS_THREADS, 1)"));
     assert_eq!(r.threads, 384);
     // Q (128 rows), four stages of K and V (64 rows each), eight mbarriers, the alignment slack.
     assert_eq!(r.smem_bytes, 128 * 256 + 4 * 64 * 512 + 8 * 8 + 1024);

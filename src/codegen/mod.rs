@@ -84,9 +84,8 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
                         for kv in KvCache::ALL {
-                            let ws = TileConfig::warp_specialized(
-                                TileConfig::WARP_SPECIALIZED_STAGES,
-                            );
+                            let ws =
+                                TileConfig::warp_specialized(TileConfig::WARP_SPECIALIZED_STAGES);
                             let ws = (ws.supports(kv)
                                 && ws.supports_qk_accum(qk_accum)
                                 && ws.supports_wgmma(head_dims))

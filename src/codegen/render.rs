@@ -51,8 +51,14 @@ const PREFILL: [(&str, &str); 6] = [
 ];
 /// The warp-specialised prefill kernel (sm_90a), after the prefill templates it builds on.
 const PREFILL_WS: [(&str, &str); 2] = [
-    ("ws_pipeline.cuh", include_str!("../../kernels/ws_pipeline.cuh")),
-    ("prefill_ws.cuh", include_str!("../../kernels/prefill_ws.cuh")),
+    (
+        "ws_pipeline.cuh",
+        include_str!("../../kernels/ws_pipeline.cuh"),
+    ),
+    (
+        "prefill_ws.cuh",
+        include_str!("../../kernels/prefill_ws.cuh"),
+    ),
 ];
 const MERGE_MATH: (&str, &str) = (
     "merge_math.cuh",
@@ -150,10 +156,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     let (kv_stages, ws_stages) = if spec.tile.warp_specialized {
         (
             2,
-            format!(
-                "constexpr int WS_KV_STAGES = {};\n",
-                spec.tile.kv_stages
-            ),
+            format!("constexpr int WS_KV_STAGES = {};\n", spec.tile.kv_stages),
         )
     } else {
         (spec.tile.kv_stages, String::new())

@@ -163,7 +163,9 @@ fn check_warp_specialized(
         Some(what) => Err(Error::Unsupported {
             backend: "cuda",
             what: format!("the warp-specialised tile {} with {what}", tile.label()),
-            supported: "ragged K/V, f32 QK accumulation, head dims 64 and 128 (a ring of at most 227 KB)".into(),
+            supported:
+                "ragged K/V, f32 QK accumulation, head dims 64 and 128 (a ring of at most 227 KB)"
+                    .into(),
         }),
     }
 }

@@ -213,10 +213,7 @@ impl TileConfig {
     /// `w4q1kv64s16k` when the warps split the keys and `w4q1kv64b1` with one K/V buffer.
     pub fn label(self) -> String {
         if self.warp_specialized {
-            return format!(
-                "ws{}q{}kv{}",
-                self.kv_stages, self.mma_q, self.kv_tile
-            );
+            return format!("ws{}q{}kv{}", self.kv_stages, self.mma_q, self.kv_tile);
         }
         let sub = if self.kv_sub == self.kv_tile {
             String::new()

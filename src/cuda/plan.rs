@@ -185,7 +185,9 @@ impl KernelPlan {
             return Err(Error::Unsupported {
                 backend: "cuda",
                 what: format!("a split KV range with tile {}", spec.tile.label()),
-                supported: "unsplit plans with the warp-specialised tile (it writes no partial results)".into(),
+                supported:
+                    "unsplit plans with the warp-specialised tile (it writes no partial results)"
+                        .into(),
             });
         }
         let items = prefill_work(problem, cta_q, split.as_ref(), slots);
