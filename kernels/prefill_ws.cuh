@@ -33,12 +33,13 @@ constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
 constexpr int WS_PRODUCER_REGS = 40;
 constexpr int WS_CONSUMER_REGS = 232;
 constexpr int WS_BARRIER_BYTES = 2 * WS_STAGES * 8;
-constexpr int WS_SMEM_BYTES =
-    Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + WS_BARRIER_BYTES + SMEM_ALIGN_SLACK;
+// The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout).
+constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
+constexpr int WS_SMEM_BYTES = Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
+                              WS_BARRIER_BYTES + SMEM_ALIGN_SLACK;
 // Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
-// consumer warpgroup's Q rows (2, 3), each one's turn at the tensor cores (4, 5), both consumers
-// before the output staging (6).
-constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_Q = 2, WS_BAR_TURN = 4, WS_BAR_EPILOGUE = 6;
+// consumer warpgroup's turn at the tensor cores (4, 5).
+constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
 static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && KV_TILE == 64 && KV_SUB == 64 && !spec::KV_PAGED &&
                   !spec::QK_F16_ACCUM,
@@ -49,29 +50,70 @@ static_assert(WS_PRODUCER_REGS * WS_PRODUCER_THREADS + WS_CONSUMER_REGS * NUM_TH
 
 using WsRing = ws::KvRing<WS_STAGES, KTile, VTile, K_TILE_BYTES, V_TILE_BYTES>;
 
-// The producer warpgroup: every K/V tile of the item into the ring, in order.
-__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const RequestMaskContext& m,
-                                           const KvRowsIn& k_rows, const KvRowsIn& v_rows, int kv_start,
-                                           int kv_head, int kv_lo, int num_tiles) {
-  for (int t = 0; t < num_tiles; ++t) {
-    const int k0 = kv_lo + t * KV_TILE;
+// One work item as a CTA of either role sees it: its request's bounds, query tile, token range and
+// visible KV tiles (run_cta's set-up, without a KV split).
+struct WsItem {
+  RequestMaskContext m;
+  QueryTile tile;
+  int qo_start, kv_start;
+  int tok_lo, tok_hi;
+  int kv_lo, num_tiles;
+};
+
+// Work item `index` of the list into `it`; false at an end marker (request -1).
+__device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsItem& it) {
+  const int4 work = p.work[2 * index];      // (request, query tile, kv head, kv chunk)
+  if (work.x < 0) return false;
+  const int4 span = p.work[2 * index + 1];  // (qo start, qo len, kv start, kv len)
+  it.qo_start = span.x;
+  it.kv_start = span.z;
+  it.m.qo_len = span.y;
+  it.m.kv_len = span.w;
+  it.m.window_left = p.window_left;
+  it.m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[work.x] : nullptr;
+  it.tile.row0 = work.y * CTA_Q;
+  it.tile.packed_len = it.m.qo_len * p.group_size;
+  it.tile.kv_head = work.z;
+  it.tile.group = p.group_size;
+  it.tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
+  it.tok_lo = it.tile.group_div.div(it.tile.row0);
+  it.tok_hi = it.tile.group_div.div(min(it.tile.row0 + CTA_Q, it.tile.packed_len) - 1);
+  int kv_hi;
+  visible_key_range<spec::MASK_KIND>(it.m, it.tok_lo, it.tok_hi, it.kv_lo, kv_hi);
+  it.kv_lo = it.kv_lo / KV_TILE * KV_TILE;
+  it.num_tiles = kv_hi > it.kv_lo ? (kv_hi - it.kv_lo + KV_TILE - 1) / KV_TILE : 0;
+  return true;
+}
+
+// The producer warpgroup: every K/V tile of item `it` into the ring, in order, as ring tiles
+// first, first + 1, ...
+__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
+  for (int j = 0; j < it.num_tiles; ++j) {
+    const int t = first + j;
+    const int k0 = it.kv_lo + j * KV_TILE;
     ring.wait_empty(t);
-    if (m.kv_len - k0 >= KV_TILE) {
+    if (it.m.kv_len - k0 >= KV_TILE) {
       if (threadIdx.x == 0) {
         const u32_t bar = ring.full(t);
         mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-        const int row = kv_start + k0;
+        const int row = it.kv_start + k0;
 #pragma unroll
         for (int g = 0; g < QK_CHUNKS / 8; ++g)
-          tma_load_3d(ring.k(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, kv_head, row, bar);
+          tma_load_3d(ring.k(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, it.tile.kv_head, row, bar);
 #pragma unroll
         for (int g = 0; g < VO_CHUNKS / 8; ++g)
-          tma_load_3d(ring.v(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, kv_head, row, bar);
+          tma_load_3d(ring.v(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, it.tile.kv_head, row, bar);
       }
     } else {
       // The request's last tile: its rows past the keys are zeros, not the next request's.
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, WS_PRODUCER_THREADS>(ring.k(t), k_rows, k0, m.kv_len - k0);
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, WS_PRODUCER_THREADS>(ring.v(t), v_rows, k0, m.kv_len - k0);
+      const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + it.kv_start * p.k_stride_token +
+                                it.tile.kv_head * p.k_stride_head,
+                            p.k_stride_token, nullptr, 0, 0, 0};
+      const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + it.kv_start * p.v_stride_token +
+                                it.tile.kv_head * p.v_stride_head,
+                            p.v_stride_token, nullptr, 0, 0, 0};
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, WS_PRODUCER_THREADS>(ring.k(t), k_rows, k0, it.m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, WS_PRODUCER_THREADS>(ring.v(t), v_rows, k0, it.m.kv_len - k0);
       cp_async_commit();
       cp_async_wait<0>();
       fence_proxy_async_shared();
@@ -79,6 +121,22 @@ __device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing&
       if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(t));
     }
   }
+}
+
+// Consumer warp `cwarp` (0..7): the copies of its block of Q rows of item `it` into the Q tile
+// (its own rows, which only it reads), as one cp.async group, not waited for.
+__device__ __forceinline__ void ws_load_q_async(const PrefillParams& p, const WsItem& it, const QTile& q_tile,
+                                                int cwarp, int lane) {
+  const int q_row0 = cwarp * Q_ROWS_PER_WARP;
+  const i64_t lane_row =
+      lane < Q_ROWS_PER_WARP ? it.tile.row_offset(q_row0 + lane, it.qo_start, p.q_stride_token, p.q_stride_head) : 0;
+  const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
+  for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+    const i64_t row = shfl_i64(lane_row, r);
+    cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)),
+                it.tile.valid(q_row0 + r));
+  });
+  cp_async_commit();
 }
 
 // d (+)= A B, m64n64k16, f32 accumulators, A from registers (the m16n8k16 A fragment of the
@@ -132,55 +190,30 @@ __device__ __forceinline__ void ws_issue_pv(u32_t v_base, const u32_t (&pf)[KV_N
   wgmma_commit();
 }
 
-// One CTA of the warp-specialised kernel (see the file comment). A template for the reason
-// run_cta is one.
+// One persistent CTA of the warp-specialised kernel (see the file comment): work items
+// blockIdx.x, blockIdx.x + gridDim.x, .. until an end marker. A template for the reason run_cta
+// is one.
 template <int = 0>
 __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const int4 work = p.work[2 * blockIdx.x];      // (request, query tile, kv head, kv chunk)
-  const int4 span = p.work[2 * blockIdx.x + 1];  // (qo start, qo len, kv start, kv len)
-  const int request = work.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int qo_start = span.x, kv_start = span.z;
-  RequestMaskContext m;
-  m.qo_len = span.y;
-  m.kv_len = span.w;
-  m.window_left = p.window_left;
-  m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[request] : nullptr;
-
-  QueryTile tile;
-  tile.row0 = work.y * CTA_Q;
-  tile.packed_len = m.qo_len * p.group_size;
-  tile.kv_head = work.z;
-  tile.group = p.group_size;
-  tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
-  const int tok_lo = tile.group_div.div(tile.row0);
-  const int tok_hi = tile.group_div.div(min(tile.row0 + CTA_Q, tile.packed_len) - 1);
-  int kv_lo, kv_hi;
-  visible_key_range<spec::MASK_KIND>(m, tok_lo, tok_hi, kv_lo, kv_hi);
-  kv_lo = kv_lo / KV_TILE * KV_TILE;
-  const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KV_TILE - 1) / KV_TILE : 0;
-
   const u32_t raw_base = smem_addr(smem_raw);
   const u32_t smem_base = (raw_base + 1023u) & ~1023u;
-  unsigned char* const smem = smem_raw + (smem_base - raw_base);
   const QTile q_tile{smem_base};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
   const u32_t v_base = k_base + WS_STAGES * K_TILE_BYTES;
-  const WsRing ring{k_base, v_base, v_base + WS_STAGES * V_TILE_BYTES};
+  const u32_t o_stage = v_base + WS_STAGES * V_TILE_BYTES;
+  const WsRing ring{k_base, v_base, o_stage + O_STAGE_BYTES};
   if (threadIdx.x == 0) ring.init(NUM_THREADS);
   __syncthreads();
 
   if (warp < WS_PRODUCER_THREADS / 32) {
     ws::registers_dec<WS_PRODUCER_REGS>();
-    {
-      const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + kv_start * p.k_stride_token +
-                                tile.kv_head * p.k_stride_head,
-                            p.k_stride_token, nullptr, 0, 0, 0};
-      const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + kv_start * p.v_stride_token +
-                                tile.kv_head * p.v_stride_head,
-                            p.v_stride_token, nullptr, 0, 0, 0};
-      ws_produce(p, ring, m, k_rows, v_rows, kv_start, tile.kv_head, kv_lo, num_tiles);
+    int first = 0;  // ring tiles of the items before
+    WsItem it;
+    for (int i = blockIdx.x; ws_item(p, i, it); i += gridDim.x) {
+      ws_produce(p, ring, it, first);
+      first += it.num_tiles;
     }
     return;
   }
@@ -190,97 +223,107 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   const int consumer = static_cast<int>(warp_uniform(warp / 4 - 1));
   const int cwarp = warp - WS_PRODUCER_THREADS / 32;
   const WarpRows warp_rows{consumer * WARPGROUP_ROWS + (cwarp % 4) * 16};
-  const RowCoords rows = tile.row_coords(warp_rows, lane);
-
-  float o[MMA_Q][VO_NT][4];
-#pragma unroll
-  for (int dt = 0; dt < VO_NT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.0f;
-  Softmax softmax;
-  softmax.init();
+  const u32_t my_turn = WS_BAR_TURN + consumer, other_turn = WS_BAR_TURN + 1 - consumer;
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
+  unsigned char* const o_bytes = smem_raw + (o_stage - raw_base);
 
-  if (num_tiles > 0) {
-    {
-      // This warp's block of Q rows (its warpgroup's rows, in four blocks), published to the
-      // warpgroup's products.
-      const int q_row0 = cwarp * Q_ROWS_PER_WARP;
-      const i64_t lane_row =
-          lane < Q_ROWS_PER_WARP ? tile.row_offset(q_row0 + lane, qo_start, p.q_stride_token, p.q_stride_head) : 0;
-      const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
-      for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
-        const i64_t row = shfl_i64(lane_row, r);
-        cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)),
-                    tile.valid(q_row0 + r));
-      });
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      ws::named_sync(WS_BAR_Q + consumer, 128);
-    }
+  int first = 0;  // ring tiles of the items before
+  WsItem it;
+  bool more = ws_item(p, blockIdx.x, it);
+  if (more) ws_load_q_async(p, it, q_tile, cwarp, lane);
+  for (int i = blockIdx.x; more;) {
+    // This warp's Q rows as registers; then its rows of the Q tile take the next item's.
+    cp_async_wait<0>();
+    __syncwarp();
     u32_t qf[QK_CHUNKS / 2][4];
     ws_load_q_fragments(FragAddrs(q_tile.base, warp_rows.first, lane), qf);
-    const u32_t my_turn = WS_BAR_TURN + consumer, other_turn = WS_BAR_TURN + 1 - consumer;
-    // Turns alternate from consumer 0's first; each warpgroup takes num_tiles + 1 of them, and
-    // consumer 1 hands its last one over to nobody.
-    if (consumer == 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
-    float s[MMA_Q][KV_NT][4];
-    u32_t pf[KV_NT / 2][MMA_Q][4];  // P of the tile before, as the A fragments of P V
-    auto pack_p = [&]() {
+    __syncwarp();
+    const int next = i + gridDim.x;
+    {
+      WsItem after;
+      if (ws_item(p, next, after)) ws_load_q_async(p, after, q_tile, cwarp, lane);
+    }
+
+    const RowCoords rows = it.tile.row_coords(warp_rows, lane);
+    float o[MMA_Q][VO_NT][4];
 #pragma unroll
-      for (int kk = 0; kk < KV_NT / 2; ++kk)
-        p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
-    };
-    // Tile 0: S_0 alone in this turn.
-    ring.wait_full(0);
-    ws::named_sync(my_turn, 2 * 128);
-    wgmma_fence();
-    ws_issue_qk(qf, ring.k(0).base, s);
-    ws::named_arrive(other_turn, 2 * 128);
-    wgmma_wait<0>();
-    float_logits_update(p, rows, m, tile, tok_lo, tok_hi, kv_lo, lane, softmax_scale, softmax, s, o);
-    pack_p();
-    // Tile j: S_j and P_{j-1} V_{j-1} in one turn; the softmax of S_j while P_{j-1} V_{j-1} runs
-    // (its rescale of o collected in `factors`, applied once that product is done).
-#pragma unroll 1
-    for (int j = 1; j < num_tiles; ++j) {
-      ring.wait_full(j);
+    for (int dt = 0; dt < VO_NT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.0f;
+    Softmax softmax;
+    softmax.init();
+    const int n = it.num_tiles;
+    if (n > 0) {
+      // Turns alternate from consumer 0's first; each warpgroup takes n + 1 of them, and
+      // consumer 1 hands its last one over to nobody.
+      if (consumer == 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
+      float s[MMA_Q][KV_NT][4];
+      u32_t pf[KV_NT / 2][MMA_Q][4];  // P of the tile before, as the A fragments of P V
+      auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KV_NT / 2; ++kk)
+          p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
+      };
+      // Tile 0: S_0 alone in this turn.
+      ring.wait_full(first);
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
-      ws_issue_qk(qf, ring.k(j).base, s);
-      ws_issue_pv(ring.v(j - 1).base, pf, o);
+      ws_issue_qk(qf, ring.k(first).base, s);
       ws::named_arrive(other_turn, 2 * 128);
-      wgmma_wait<1>();
-      float factors[MMA_Q][1][4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) factors[0][0][e] = 1.0f;
-      float_logits_update(p, rows, m, tile, tok_lo, tok_hi, kv_lo + j * KV_TILE, lane, softmax_scale, softmax, s,
-                          factors);
       wgmma_wait<0>();
-      ring.release(j - 1);
-      const float rescale[MMA_Q][2] = {{factors[0][0][0], factors[0][0][2]}};
-      softmax.rescale_outputs(rescale, o);
+      float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo, lane, softmax_scale, softmax, s, o);
       pack_p();
-    }
-    // The last tile's P V, in a turn of its own.
-    ws::named_sync(my_turn, 2 * 128);
-    wgmma_fence();
-    ws_issue_pv(ring.v(num_tiles - 1).base, pf, o);
-    if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
-    wgmma_wait<0>();
-    ring.release(num_tiles - 1);
-  }
-
-  float sink_log2[MMA_Q][2];
+      // Tile j: S_j and P_{j-1} V_{j-1} in one turn; the softmax of S_j while P_{j-1} V_{j-1}
+      // runs (its rescale of o collected in `factors`, applied once that product is done).
+#pragma unroll 1
+      for (int j = 1; j < n; ++j) {
+        const int t = first + j;
+        ring.wait_full(t);
+        ws::named_sync(my_turn, 2 * 128);
+        wgmma_fence();
+        ws_issue_qk(qf, ring.k(t).base, s);
+        ws_issue_pv(ring.v(t - 1).base, pf, o);
+        ws::named_arrive(other_turn, 2 * 128);
+        wgmma_wait<1>();
+        float factors[MMA_Q][1][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) sink_log2[0][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[0][h]) : 0.0f;
-  float lse[MMA_Q][2];
-  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-  // The output is staged in the Q tile, whose row layout spans both warpgroups' Q rows: both are
-  // past their last S = Q K^T first.
-  ws::named_sync(WS_BAR_EPILOGUE, 2 * 128);
-  store_output(p, tile, rows, qo_start, warp_rows, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
+        for (int e = 0; e < 4; ++e) factors[0][0][e] = 1.0f;
+        float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo + j * KV_TILE, lane,
+                            softmax_scale, softmax, s, factors);
+        wgmma_wait<0>();
+        ring.release(t - 1);
+        const float rescale[MMA_Q][2] = {{factors[0][0][0], factors[0][0][2]}};
+        softmax.rescale_outputs(rescale, o);
+        pack_p();
+      }
+      // The last tile's P V, in a turn of its own.
+      ws::named_sync(my_turn, 2 * 128);
+      wgmma_fence();
+      ws_issue_pv(ring.v(first + n - 1).base, pf, o);
+      if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
+      wgmma_wait<0>();
+      ring.release(first + n - 1);
+    }
+    first += n;
+
+    // The item and its rows read again rather than held through the loop (the barriers' memory
+    // clobbers keep the compiler from reusing the first reads): the consumers' registers are
+    // the loop's.
+    ws_item(p, i, it);
+    const RowCoords out_rows = it.tile.row_coords(warp_rows, lane_id());
+    float sink_log2[MMA_Q][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sink_log2[0][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, out_rows.head[0][h]) : 0.0f;
+    float lse[MMA_Q][2];
+    softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+    // Staged through this warp's own rows of the output stage (not the Q tile, which already
+    // receives the next item's rows).
+    store_output(p, it.tile, out_rows, it.qo_start, warp_rows, lane, o_bytes, SmemTile<VO_CHUNKS>{o_stage}, o,
+                 lse);
+    i = next;
+    more = ws_item(p, i, it);
+  }
 }
 
 }  // namespace prefill

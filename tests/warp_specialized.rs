@@ -119,8 +119,12 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
         .source
         .contains("__launch_bounds__(prefill::WS_THREADS, 1)"));
     assert_eq!(r.threads, 384);
-    // Q (128 rows), four stages of K and V (64 rows each), eight mbarriers, the alignment slack.
-    assert_eq!(r.smem_bytes, 128 * 256 + 4 * 64 * 512 + 8 * 8 + 1024);
+    // Q (128 rows), four stages of K and V (64 rows each), the output stage, eight mbarriers, the
+    // alignment slack.
+    assert_eq!(
+        r.smem_bytes,
+        128 * 256 + 4 * 64 * 512 + 128 * 256 + 8 * 8 + 1024
+    );
     // The planner's tiles render without it.
     let plain = render(&KernelSpec {
         tile: TileConfig::parse("w8q1kv64g").unwrap(),

@@ -82,15 +82,17 @@ impl TileConfig {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
-        let ring_barriers = if self.warp_specialized {
-            2 * self.kv_stages * MBARRIER_BYTES
+        // The warp-specialised tile adds its ring's barriers and an output stage of its own
+        // (its Q tile takes the next work item's rows while the output is stored).
+        let ws_extra = if self.warp_specialized {
+            2 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row
         } else {
             0
         };
         self.cta_q() * qk_row
             + self.kv_stages * self.kv_tile * (qk_row + vo_row)
             + align_slack
-            + ring_barriers
+            + ws_extra
     }
 
     /// Whether this tile can compute a kernel with these head dims: always without wgmma; with

@@ -10,7 +10,7 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{
-    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
+    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
 };
 use super::tma::{kv_tensor_map, KvView};
 use crate::codegen::{
@@ -121,6 +121,8 @@ pub(crate) struct KernelPlan {
     pub spec: KernelSpec,
     kernel: Arc<LoadedKernel>,
     layout: ParamBlockLayout,
+    /// CTAs per launch: one per work item, or with the warp-specialised tile (persistent CTAs,
+    /// one per SM slot, each taking items `blockIdx.x + k * gridDim.x`) at most one per slot.
     pub num_work: u32,
     pub split: Option<KvSplit>,
     workspace: Option<Workspace>,
@@ -146,6 +148,21 @@ fn check_tile_runs_on(tile: TileConfig, arch: Arch, dims: HeadDims) -> Result<()
         what: format!("tile {} on {}", tile.label(), arch.name()),
         supported,
     })
+}
+
+/// The launch of a persistent kernel over `num_items` work items (the warp-specialised tile): at
+/// most one CTA per slot, CTA `b` taking items `b, b + grid, ..` in the list's order (longest
+/// first), and after the items one end marker (request -1) per CTA, so that each CTA's first
+/// index past the items reads a marker.
+fn persistent_work(num_items: u32, slots: usize, items: Vec<WorkItem>) -> (u32, Vec<i32>) {
+    let grid = num_items.min(u32::try_from(slots).unwrap_or(u32::MAX));
+    let end = [-1, 0, 0, 0, 0, 0, 0, 0];
+    let work = items
+        .into_iter()
+        .chain(std::iter::repeat_n(end, grid as usize))
+        .flatten()
+        .collect();
+    (grid, work)
 }
 
 impl KernelPlan {
@@ -199,7 +216,11 @@ impl KernelPlan {
                 what: format!("a launch of {} CTAs", items.len()),
                 supported: format!("at most {} CTAs per launch (the grid's x limit)", i32::MAX),
             })?;
-        let work: Vec<i32> = items.into_iter().flatten().collect();
+        let (num_work, work) = if spec.tile.warp_specialized {
+            persistent_work(num_work, slots, items)
+        } else {
+            (num_work, items.into_iter().flatten().collect())
+        };
         let workspace = match &split {
             Some(s) => {
                 let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
