@@ -1,6 +1,7 @@
-// prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta computes one
-// work item, (request, query tile, KV head), over its whole visible KV range, with the roles of
-// FlashAttention-3's published technique:
+// prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta is a
+// persistent CTA that computes work items (request, query tile, KV head) blockIdx.x,
+// blockIdx.x + gridDim.x, .. of the planner's list, each over its whole visible KV range, with the
+// roles of FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
 //   WS_STAGES K/V stages (ws_pipeline.cuh): its thread 0 issues each whole tile's TMA boxes on the
@@ -20,7 +21,10 @@
 //
 // Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j; logits, mask and
 // softmax update; wait for P_{j-1} V_{j-1} and release tile j - 1's stage; rescale o; P_j packed to
-// registers. Tile 0's S and the last tile's P V take a turn each.
+// registers. Tile 0's S and the last tile's P V take a turn each. Q is read into registers once
+// per item (S = Q K^T takes it as A fragments), so each warp then loads its next item's Q rows
+// while this one computes; the output is staged in a region of its own. The ring's tiles count
+// on across items, so the producer runs ahead into the next item's.
 // Requires: everything prefill.cuh does, and ws_pipeline.cuh.
 
 namespace prefill {
