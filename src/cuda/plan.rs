@@ -464,4 +464,27 @@ mod tests {
             .to_string();
         assert!(text.contains("sm_90a") && text.contains("sm_80"), "{text}");
     }
+
+    // The persistent launch: at most one CTA per slot, and every CTA's first index past the
+    // items (b + k * grid for the smallest such k) lands on an end marker.
+    #[test]
+    fn persistent_work_ends_each_ctas_walk_on_a_marker() {
+        for (items, slots) in [(1usize, 132usize), (5, 3), (132, 132), (1000, 132), (7, 7)] {
+            let list: Vec<WorkItem> = (0..items as i32)
+                .map(|i| [i, 0, 0, 0, 0, 0, 0, 0])
+                .collect();
+            let (grid, work) = persistent_work(items as u32, slots, list);
+            assert_eq!(grid as usize, items.min(slots));
+            assert_eq!(work.len(), (items + grid as usize) * 8);
+            for b in 0..grid as usize {
+                let mut i = b;
+                while i < items {
+                    assert_eq!(work[8 * i], i as i32);
+                    i += grid as usize;
+                }
+                assert_eq!(work[8 * i], -1, "CTA {b} of {grid} over {items} items");
+            }
+        }
+        assert_eq!(persistent_work(0, 132, Vec::new()), (0, Vec::new()));
+    }
 }
