@@ -1,7 +1,8 @@
 // prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta is a
-// persistent CTA that computes work items (request, query tile, KV head) blockIdx.x,
-// blockIdx.x + gridDim.x, .. of the planner's list, each over its whole visible KV range, with the
-// roles of FlashAttention-3's published technique:
+// persistent CTA that computes the work items (request, query tile, KV head) at positions
+// blockIdx.x, blockIdx.x + gridDim.x, .. of the work list, up to an end marker (the host balances
+// the CTAs' items: cuda/plan.rs), each over its whole visible KV range, with the roles of
+// FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
 //   WS_STAGES K/V stages (ws_pipeline.cuh): its thread 0 issues each whole tile's TMA boxes on the
@@ -194,8 +195,8 @@ __device__ __forceinline__ void ws_issue_pv(u32_t v_base, const u32_t (&pf)[KV_N
   wgmma_commit();
 }
 
-// One persistent CTA of the warp-specialised kernel (see the file comment): work items
-// blockIdx.x, blockIdx.x + gridDim.x, .. until an end marker. A template for the reason run_cta
+// One persistent CTA of the warp-specialised kernel (see the file comment): the work items at
+// positions blockIdx.x, blockIdx.x + gridDim.x, .. until an end marker. A template for the reason run_cta
 // is one.
 template <int = 0>
 __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {

@@ -10,7 +10,8 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{
-    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice, WorkItem,
+    choose_kv_split, choose_tile_on, item_costs, prefill_work, split_slots, KvSplit, SplitChoice,
+    WorkItem, CTA_OVERHEAD_KEYS,
 };
 use super::tma::{kv_tensor_map, KvView};
 use crate::codegen::{
@@ -122,7 +123,7 @@ pub(crate) struct KernelPlan {
     kernel: Arc<LoadedKernel>,
     layout: ParamBlockLayout,
     /// CTAs per launch: one per work item, or with the warp-specialised tile (persistent CTAs,
-    /// one per SM slot, each taking items `blockIdx.x + k * gridDim.x`) at most one per slot.
+    /// [`persistent_work`]) at most one per slot.
     pub num_work: u32,
     pub split: Option<KvSplit>,
     workspace: Option<Workspace>,
@@ -150,19 +151,32 @@ fn check_tile_runs_on(tile: TileConfig, arch: Arch, dims: HeadDims) -> Result<()
     })
 }
 
-/// The launch of a persistent kernel over `num_items` work items (the warp-specialised tile): at
-/// most one CTA per slot, CTA `b` taking items `b, b + grid, ..` in the list's order (longest
-/// first), and after the items one end marker (request -1) per CTA, so that each CTA's first
-/// index past the items reads a marker.
-fn persistent_work(num_items: u32, slots: usize, items: Vec<WorkItem>) -> (u32, Vec<i32>) {
-    let grid = num_items.min(u32::try_from(slots).unwrap_or(u32::MAX));
+/// The launch of a persistent kernel (the warp-specialised tile) over work items with their
+/// costs in keys, in the planner's launch order: at most one CTA per slot; each item, in that
+/// order, goes to the CTA whose items so far cost least (each item also costing
+/// `CTA_OVERHEAD_KEYS`), as the block scheduler deals items to the CTA that frees first. CTA `b`
+/// reads positions `b, b + grid, ..` of the list: its k-th item at `k * grid + b`, then an end
+/// marker (request -1), which also fills every position no CTA has an item for.
+fn persistent_work(slots: usize, items: Vec<(usize, WorkItem)>) -> (u32, Vec<i32>) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let grid = items.len().min(slots.max(1));
+    let mut queues: Vec<Vec<WorkItem>> = vec![Vec::new(); grid];
+    let mut load: BinaryHeap<Reverse<(usize, usize)>> =
+        (0..grid).map(|b| Reverse((0, b))).collect();
+    for (cost, item) in items {
+        if let Some(Reverse((done, b))) = load.pop() {
+            queues[b].push(item);
+            load.push(Reverse((done + cost + CTA_OVERHEAD_KEYS, b)));
+        }
+    }
+    let rounds = queues.iter().map(Vec::len).max().unwrap_or(0) + 1;
     let end = [-1, 0, 0, 0, 0, 0, 0, 0];
-    let work = items
-        .into_iter()
-        .chain(std::iter::repeat_n(end, grid as usize))
+    let work = (0..rounds)
+        .flat_map(|k| queues.iter().map(move |q| q.get(k).copied().unwrap_or(end)))
         .flatten()
         .collect();
-    (grid, work)
+    (grid as u32, work)
 }
 
 impl KernelPlan {
@@ -207,7 +221,17 @@ impl KernelPlan {
                         .into(),
             });
         }
-        let items = prefill_work(problem, cta_q, split.as_ref(), slots);
+        let (items, costs): (Vec<WorkItem>, Vec<usize>) = if spec.tile.warp_specialized {
+            item_costs(problem, cta_q, split.as_ref(), slots)
+                .into_iter()
+                .map(|(cost, item)| (item, cost))
+                .unzip()
+        } else {
+            (
+                prefill_work(problem, cta_q, split.as_ref(), slots),
+                Vec::new(),
+            )
+        };
         let num_work = u32::try_from(items.len())
             .ok()
             .filter(|&n| n <= i32::MAX as u32)
@@ -217,7 +241,7 @@ impl KernelPlan {
                 supported: format!("at most {} CTAs per launch (the grid's x limit)", i32::MAX),
             })?;
         let (num_work, work) = if spec.tile.warp_specialized {
-            persistent_work(num_work, slots, items)
+            persistent_work(slots, costs.into_iter().zip(items).collect())
         } else {
             (num_work, items.into_iter().flatten().collect())
         };
@@ -465,26 +489,44 @@ mod tests {
         assert!(text.contains("sm_90a") && text.contains("sm_80"), "{text}");
     }
 
-    // The persistent launch: at most one CTA per slot, and every CTA's first index past the
-    // items (b + k * grid for the smallest such k) lands on an end marker.
+    // The persistent launch: at most one CTA per slot; every item once, each CTA's walk over
+    // the list (b, b + grid, ..) meets its items and then an end marker, and the costs are
+    // balanced as the block scheduler would (no CTA's load exceeds another's by more than the
+    // largest item).
     #[test]
-    fn persistent_work_ends_each_ctas_walk_on_a_marker() {
+    fn persistent_work_deals_every_item_once_and_balances_the_ctas() {
         for (items, slots) in [(1usize, 132usize), (5, 3), (132, 132), (1000, 132), (7, 7)] {
-            let list: Vec<WorkItem> = (0..items as i32)
-                .map(|i| [i, 0, 0, 0, 0, 0, 0, 0])
+            // Costs like a causal prefill's: longest first, from `items` keys down to 1.
+            let list: Vec<(usize, WorkItem)> = (0..items)
+                .map(|i| (items - i, [i as i32, 0, 0, 0, 0, 0, 0, 0]))
                 .collect();
-            let (grid, work) = persistent_work(items as u32, slots, list);
-            assert_eq!(grid as usize, items.min(slots));
-            assert_eq!(work.len(), (items + grid as usize) * 8);
-            for b in 0..grid as usize {
-                let mut i = b;
-                while i < items {
-                    assert_eq!(work[8 * i], i as i32);
-                    i += grid as usize;
+            let (grid, work) = persistent_work(slots, list);
+            let grid = grid as usize;
+            assert_eq!(grid, items.min(slots));
+            assert_eq!(work.len() % (8 * grid), 0);
+            let mut seen = vec![0; items];
+            let mut loads = Vec::new();
+            for b in 0..grid {
+                let (mut i, mut load) = (b, 0);
+                while work[8 * i] >= 0 {
+                    let item = work[8 * i] as usize;
+                    seen[item] += 1;
+                    load += items - item + CTA_OVERHEAD_KEYS;
+                    i += grid;
                 }
-                assert_eq!(work[8 * i], -1, "CTA {b} of {grid} over {items} items");
+                assert!(
+                    i < work.len() / 8,
+                    "CTA {b}'s walk ends on a marker inside the list"
+                );
+                loads.push(load);
             }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{items} items over {slots} slots"
+            );
+            let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+            assert!(max - min <= items + CTA_OVERHEAD_KEYS, "{loads:?}");
         }
-        assert_eq!(persistent_work(0, 132, Vec::new()), (0, Vec::new()));
+        assert_eq!(persistent_work(132, Vec::new()), (0, Vec::new()));
     }
 }
