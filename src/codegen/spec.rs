@@ -243,7 +243,7 @@ impl KernelSpec {
     /// Whether the kernel copies whole K/V tiles with the tensor memory accelerator when the
     /// launch passes tensor maps ([`PrefillPolicy::tma_kv`]).
     pub fn copies_kv_by_tma(&self) -> bool {
-        self.tile.warp_specialized || self.policy().tma_kv
+        self.policy().tma_kv
     }
 
     /// A readable identifier, also the kernel's entry name: it says what the kernel computes.
