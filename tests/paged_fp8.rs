@@ -252,14 +252,42 @@ fn new_tokens(n: usize, value: f32) -> HostTensor {
 #[test]
 fn bad_scales_are_errors_naming_the_field() {
     let cases: [(KvScales, Fp8Format, &str); 7] = [
-        (KvScales::per_tensor(0.0, 1.0), Fp8Format::E4m3, "k_scale[0]"),
-        (KvScales::per_tensor(1.0, -2.0), Fp8Format::E4m3, "v_scale[0]"),
-        (KvScales::per_tensor(f32::NAN, 1.0), Fp8Format::E4m3, "k_scale[0]"),
-        (KvScales::per_tensor(1.0, f32::INFINITY), Fp8Format::E5m2, "v_scale[0]"),
-        (KvScales::per_head(vec![1.0; 3], vec![1.0; 3]), Fp8Format::E4m3, "k_scale"),
-        (KvScales::per_head(vec![1.0; 2], vec![1.0]), Fp8Format::E4m3, "v_scale"),
+        (
+            KvScales::per_tensor(0.0, 1.0),
+            Fp8Format::E4m3,
+            "k_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(1.0, -2.0),
+            Fp8Format::E4m3,
+            "v_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(f32::NAN, 1.0),
+            Fp8Format::E4m3,
+            "k_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(1.0, f32::INFINITY),
+            Fp8Format::E5m2,
+            "v_scale[0]",
+        ),
+        (
+            KvScales::per_head(vec![1.0; 3], vec![1.0; 3]),
+            Fp8Format::E4m3,
+            "k_scale",
+        ),
+        (
+            KvScales::per_head(vec![1.0; 2], vec![1.0]),
+            Fp8Format::E4m3,
+            "v_scale",
+        ),
         // 57344 * 2 overflows f16.
-        (KvScales::per_head(vec![1.0, 2.0], vec![1.0; 2]), Fp8Format::E5m2, "k_scale[1]"),
+        (
+            KvScales::per_head(vec![1.0, 2.0], vec![1.0; 2]),
+            Fp8Format::E5m2,
+            "k_scale[1]",
+        ),
     ];
     for (scales, format, field) in cases {
         let (layout, table, mut bufs) = small(format);
@@ -333,7 +361,9 @@ fn mixed_formats_and_wrong_storage_are_errors() {
         scales: &scales,
     };
     assert_eq!(
-        gather_dequantized(&layout, &table, cache).unwrap_err().field,
+        gather_dequantized(&layout, &table, cache)
+            .unwrap_err()
+            .field,
         "v_cache"
     );
     let combined = Fp8Kv {

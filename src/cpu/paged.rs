@@ -6,7 +6,7 @@
 use super::attention;
 use crate::error::Error;
 use crate::output::AttentionOutput;
-use crate::paged::{gather, gather_dequantized, KvCache, PagedAttention};
+use crate::paged::{gather, gather_dequantized, PagedAttention, PagedCache};
 use crate::tensor::HostTensor;
 
 /// [`attention`] of `p` over the cache: validates `q` and the cache buffers (and an fp8 cache's
@@ -15,12 +15,12 @@ use crate::tensor::HostTensor;
 pub fn paged_attention<'a>(
     p: &PagedAttention,
     q: &HostTensor,
-    cache: impl Into<KvCache<'a>>,
+    cache: impl Into<PagedCache<'a>>,
 ) -> Result<AttentionOutput, Error> {
     p.validate_q(q)?;
     let (k, v) = match cache.into() {
-        KvCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
-        KvCache::Fp8(fp8) => gather_dequantized(p.layout(), p.table(), fp8)?,
+        PagedCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
+        PagedCache::Fp8(fp8) => gather_dequantized(p.layout(), p.table(), fp8)?,
     };
     attention(p.problem(), q, &k, &v)
 }

@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::{Arch, CompileOptions};
 use crate::merge::MergeShape;
-use crate::paged::{PagedAttention, PagedKv};
+use crate::paged::{PagedAttention, PagedCache};
 use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
@@ -280,7 +280,7 @@ impl Backend for CudaBackend {
         &self,
         p: &PagedAttention,
         q: &HostTensor,
-        cache: PagedKv<'_>,
+        cache: PagedCache<'_>,
         (k, v): (&HostTensor, &HostTensor),
         run: PagedRun,
         tile: TileRequest,
@@ -290,6 +290,13 @@ impl Backend for CudaBackend {
             PagedRun::GraphReplay => (PagedRunMode::GraphReplay, SplitChoice::Planned),
             PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, SplitChoice::Planned),
             PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
+        };
+        let PagedCache::Plain(cache) = cache else {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: "an fp8 KV cache".into(),
+                supported: "caches of the problem's dtype (f16, bf16)".into(),
+            });
         };
         let options = self.options(p.problem(), KvCache::Paged, tile, split)?;
         self.engine.paged_host(p, q, cache, mode, options)

@@ -89,9 +89,7 @@ impl Fp8Format {
             Fp8Format::E5m2 if exp_field == top && mantissa == 0 => f32::INFINITY,
             Fp8Format::E5m2 if exp_field == top => f32::NAN,
             _ if exp_field == 0 => mantissa as f32 * pow2(1 - self.bias() - m_bits as i32),
-            _ => {
-                ((1 << m_bits) + mantissa) as f32 * pow2(exp_field - self.bias() - m_bits as i32)
-            }
+            _ => ((1 << m_bits) + mantissa) as f32 * pow2(exp_field - self.bias() - m_bits as i32),
         };
         if code & 0x80 != 0 {
             -magnitude
@@ -263,7 +261,8 @@ mod tests {
     fn ties_round_to_the_even_code_and_neighbours_to_the_nearest() {
         for f in Fp8Format::ALL {
             let codes = finite_codes(f);
-            let positive: Vec<(u8, f32)> = codes.into_iter().filter(|(c, _)| c & 0x80 == 0).collect();
+            let positive: Vec<(u8, f32)> =
+                codes.into_iter().filter(|(c, _)| c & 0x80 == 0).collect();
             for w in positive.windows(2) {
                 let ((c0, v0), (c1, v1)) = (w[0], w[1]);
                 let mid = (f64::from(v0) + f64::from(v1)) / 2.0;

@@ -107,9 +107,8 @@ pub fn append_paged_kv_fp8(
         table,
         append_indptr,
     };
-    let quantize = |is_k: bool| {
-        move |x: f32, head: usize| quantize_value(format, x, scales.scale(is_k, head))
-    };
+    let quantize =
+        |is_k: bool| move |x: f32, head: usize| quantize_value(format, x, scales.scale(is_k, head));
     let (k_vals, v_vals) = (k_new.to_f32_vec(), v_new.to_f32_vec());
     match &mut cache {
         PagedKvMut::Separate { k, v } => {

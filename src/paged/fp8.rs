@@ -136,31 +136,31 @@ impl Fp8Kv<'_> {
 
 /// A paged cache of either kind, as the backends take it.
 #[derive(Clone, Copy, Debug)]
-pub enum KvCache<'a> {
+pub enum PagedCache<'a> {
     /// Pages of the problem's dtype.
     Plain(PagedKv<'a>),
     /// Pages of fp8 codes with scales.
     Fp8(Fp8Kv<'a>),
 }
 
-impl<'a> From<PagedKv<'a>> for KvCache<'a> {
+impl<'a> From<PagedKv<'a>> for PagedCache<'a> {
     fn from(pages: PagedKv<'a>) -> Self {
-        KvCache::Plain(pages)
+        PagedCache::Plain(pages)
     }
 }
 
-impl<'a> From<Fp8Kv<'a>> for KvCache<'a> {
+impl<'a> From<Fp8Kv<'a>> for PagedCache<'a> {
     fn from(cache: Fp8Kv<'a>) -> Self {
-        KvCache::Fp8(cache)
+        PagedCache::Fp8(cache)
     }
 }
 
-impl KvCache<'_> {
+impl PagedCache<'_> {
     /// The fp8 format of the pages, `None` for a plain cache.
     pub fn fp8_format(&self) -> Option<Fp8Format> {
         match self {
-            KvCache::Plain(_) => None,
-            KvCache::Fp8(c) => Some(c.format()),
+            PagedCache::Plain(_) => None,
+            PagedCache::Fp8(c) => Some(c.format()),
         }
     }
 }

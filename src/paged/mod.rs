@@ -11,7 +11,7 @@
 //! | `problem` | [`PagedAttention`]: an [`AttentionProblem`](crate::AttentionProblem) over a cache |
 //! | `gather` | [`gather`]: the paged K/V copied to contiguous ragged tensors |
 //! | `append` | [`append_paged_kv`]: the new tokens' K/V written into their pages (quantised for an fp8 cache: [`append_paged_kv_fp8`]) |
-//! | `fp8` | the fp8 cache: [`KvScales`], [`Fp8Kv`], [`KvCache`] and the exact dequantisation |
+//! | `fp8` | the fp8 cache: [`KvScales`], [`Fp8Kv`], [`PagedCache`] and the exact dequantisation |
 //!
 //! Every entry point validates first and returns an
 //! [`InvalidProblem`](crate::problem::InvalidProblem) naming the field, the request and the
@@ -28,11 +28,9 @@ mod table;
 
 pub use append::{append_paged_kv, append_paged_kv_fp8, validate_append};
 pub use fp8::{
-    dequantize, dequantize_code, gather_dequantized, quantize_value, Fp8Kv, KvCache, KvScales,
+    dequantize, dequantize_code, gather_dequantized, quantize_value, Fp8Kv, KvScales, PagedCache,
 };
 pub use gather::gather;
-pub use layout::{
-    KvBuffer, KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE,
-};
+pub use layout::{KvBuffer, KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE};
 pub use problem::PagedAttention;
 pub use table::PageTable;

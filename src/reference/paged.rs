@@ -2,7 +2,7 @@
 //! fp8 cache is dequantised whole first ([`dequantize`]), then read like a plain one.
 
 use super::{attention, ReferenceOutput};
-use crate::paged::{dequantize, gather, KvCache, PagedAttention, PagedKv};
+use crate::paged::{dequantize, gather, PagedAttention, PagedCache, PagedKv};
 use crate::problem::InvalidProblem;
 use crate::tensor::HostTensor;
 
@@ -12,12 +12,12 @@ use crate::tensor::HostTensor;
 pub fn paged_attention<'a>(
     p: &PagedAttention,
     q: &HostTensor,
-    cache: impl Into<KvCache<'a>>,
+    cache: impl Into<PagedCache<'a>>,
 ) -> Result<ReferenceOutput, InvalidProblem> {
     p.validate_q(q)?;
     let (k, v) = match cache.into() {
-        KvCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
-        KvCache::Fp8(fp8) => {
+        PagedCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
+        PagedCache::Fp8(fp8) => {
             let buffers = dequantize(p.layout(), fp8)?;
             let pages = match &buffers[..] {
                 [k, v] => PagedKv::Separate { k, v },
