@@ -24,6 +24,7 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
+        kv_fp8: None,
         tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)
             [0],
     }

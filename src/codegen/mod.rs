@@ -36,6 +36,7 @@ pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};
 
+use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::jit::Arch;
 use crate::problem::{CudaVariantSource, HeadDims, MaskKind, ParamType, QkAccum};
@@ -59,7 +60,8 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
 /// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
 /// tile included), and each tile's wgmma twin where it has one. [`TileConfig::runs_on`] says
 /// which targets each compiles for: a twin for sm_90a only, and the tile it replaces for the
-/// others.
+/// others. Then the fp8 caches: each paged kernel with f32 QK accumulation once more per fp8
+/// format (the f16-accumulation kernels read fp8 caches too, compiled on first use).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,
@@ -95,6 +97,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                                         mask,
                                         variant: variant.clone(),
                                         kv,
+                                        kv_fp8: None,
                                         tile,
                                     });
                                 }
@@ -105,5 +108,16 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
             }
         }
     }
+    let fp8: Vec<KernelSpec> = specs
+        .iter()
+        .filter(|s| s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
+        .flat_map(|s| {
+            Fp8Format::ALL.map(|f| KernelSpec {
+                kv_fp8: Some(f),
+                ..s.clone()
+            })
+        })
+        .collect();
+    specs.extend(fp8);
     specs
 }

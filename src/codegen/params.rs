@@ -162,6 +162,15 @@ kernel_params! {
         /// 1 when whole K/V tiles are copied through `k_tmap` and `v_tmap` (kernels that can:
         /// `KernelSpec::copies_kv_by_tma`), 0 otherwise.
         kv_tma: u64 => "unsigned long long",
+        /// fp8 K/V: the K scales (f32, one per tensor or one per KV head); null otherwise.
+        k_scale: u64 => "const float*",
+        /// fp8 K/V: the V scales, counted as `k_scale`; null otherwise.
+        v_scale: u64 => "const float*",
+        /// fp8 K/V: entries between the scales of consecutive KV heads: 0 (one scale per tensor)
+        /// or 1 (one per head).
+        kv_scale_head_stride: i32 => "int",
+        /// Keeps the struct a multiple of 8 bytes without implicit padding.
+        reserved_fp8: i32 => "int",
     }
 }
 

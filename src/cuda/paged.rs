@@ -228,6 +228,7 @@ impl PagedPlan {
                 v_page_stride: v_page,
                 page_size: l.page_size,
             }),
+            scales: None,
         };
         self.plan.launch(stream, qo, address)
     }

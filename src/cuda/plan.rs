@@ -47,6 +47,18 @@ pub(crate) struct KvAddress {
     pub v_stride_head: i64,
     /// Paged only: the page table on the device and the page geometry.
     pub pages: Option<PageAddress>,
+    /// fp8 K/V only: the scales on the device.
+    pub scales: Option<ScaleAddress>,
+}
+
+/// The dequantisation scales an fp8 launch reads: f32 arrays of one entry (per tensor) or one
+/// per KV head.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ScaleAddress {
+    pub k: u64,
+    pub v: u64,
+    /// 0 (one scale per tensor) or 1 (one per KV head).
+    pub head_stride: i32,
 }
 
 /// The page table a paged launch reads.
@@ -320,6 +332,10 @@ impl KernelPlan {
             page_shift: page.page_size.max(1).trailing_zeros() as i32,
             page_mask: page.page_size.saturating_sub(1) as i32,
             kv_tma: u64::from(kv_tma),
+            k_scale: kv.scales.map_or(0, |s| s.k),
+            v_scale: kv.scales.map_or(0, |s| s.v),
+            kv_scale_head_stride: kv.scales.map_or(0, |s| s.head_stride),
+            reserved_fp8: 0,
         };
         let variant_bytes = self.arrays.variant_bytes(stream, &self.layout.variant);
         let block = self.layout.pack(&fixed, &variant_bytes);
