@@ -218,7 +218,10 @@ impl Backend for CudaBackend {
                 // Reported by the case's run.
                 Err(_) => continue,
             };
-            if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
+            let kv_fp8 = case.paged.and_then(|p| p.fp8).map(|f| f.format);
+            if let Ok(spec) =
+                KernelSpec::for_problem(&case.problem, kv, tile).and_then(|s| s.with_kv_fp8(kv_fp8))
+            {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {
                     jobs.push(BatchJob {
@@ -291,15 +294,11 @@ impl Backend for CudaBackend {
             PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, SplitChoice::Planned),
             PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
         };
-        let PagedCache::Plain(cache) = cache else {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: "an fp8 KV cache".into(),
-                supported: "caches of the problem's dtype (f16, bf16)".into(),
-            });
-        };
         let options = self.options(p.problem(), KvCache::Paged, tile, split)?;
-        self.engine.paged_host(p, q, cache, mode, options)
+        match cache {
+            PagedCache::Plain(cache) => self.engine.paged_host(p, q, cache, mode, options),
+            PagedCache::Fp8(cache) => self.engine.paged_host_fp8(p, q, cache, mode, options),
+        }
     }
 
     /// Lost when the stream no longer synchronises: a kernel's illegal address (or another

@@ -17,6 +17,7 @@ use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
 };
+use crate::dtype::fp8::Fp8Format;
 use crate::jit::Arch;
 use crate::problem::{AttentionProblem, HeadDims, Mask};
 use crate::Error;
@@ -168,13 +169,24 @@ impl KernelPlan {
         kv: KvCache,
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
+        KernelPlan::with_kv_fp8(engine, problem, kv, None, options)
+    }
+
+    /// [`new`](Self::new) with K/V of fp8 `kv_fp8` codes (`None`: of the problem's dtype).
+    pub fn with_kv_fp8(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        kv_fp8: Option<Fp8Format>,
+        options: PlanOptions,
+    ) -> Result<KernelPlan, Error> {
         let sm_count = engine.info().sm_count as usize;
         let arch = plan_arch(options.tiles_of, engine.info().arch)?;
         let tile = options
             .tile
             .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
         check_tile_runs_on(tile, arch, problem.head_dims)?;
-        let spec = KernelSpec::for_problem(problem, kv, tile)?;
+        let spec = KernelSpec::for_problem(problem, kv, tile)?.with_kv_fp8(kv_fp8)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
 

@@ -184,16 +184,18 @@ pub fn dequantize(layout: &PagedKvLayout, cache: Fp8Kv<'_>) -> Validation<Vec<Ho
         for slot in 0..layout.page_size {
             for h in 0..heads {
                 let at = layout.k_index(page, slot, h, 0);
-                for e in at..at + dqk {
-                    k_vals[e] = dequantize_code(k.format, k.codes[e], scales.scale(true, h));
+                let ks = scales.scale(true, h);
+                for (d, &c) in k_vals[at..at + dqk].iter_mut().zip(&k.codes[at..at + dqk]) {
+                    *d = dequantize_code(k.format, c, ks);
                 }
                 let at = layout.v_index(page, slot, h, 0);
                 let dst = match layout.storage {
                     KvStorage::Separate => &mut v_vals,
                     KvStorage::Combined => &mut k_vals,
                 };
-                for e in at..at + dvo {
-                    dst[e] = dequantize_code(v.format, v.codes[e], scales.scale(false, h));
+                let vs = scales.scale(false, h);
+                for (d, &c) in dst[at..at + dvo].iter_mut().zip(&v.codes[at..at + dvo]) {
+                    *d = dequantize_code(v.format, c, vs);
                 }
             }
         }
