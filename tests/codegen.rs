@@ -501,8 +501,9 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
     ));
 }
 
-/// The fp8 kernels of the matrix are exactly the paged f32-accumulation kernels once per format,
-/// named after the format, with the policy of their plain twin; fp8 over ragged K/V is refused.
+/// The fp8 kernels of the matrix are paged f32-accumulation kernels (e4m3 with every built-in
+/// variant, e5m2 without a variant), named after the format, with the policy of their plain twin;
+/// fp8 over ragged K/V is refused.
 #[test]
 fn fp8_kernels_are_the_paged_kernels_per_format() {
     let matrix = compile_matrix();
@@ -511,7 +512,23 @@ fn fp8_kernels_are_the_paged_kernels_per_format() {
         .filter(|s| s.kv_fp8.is_none() && s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
         .collect();
     let fp8: Vec<&KernelSpec> = matrix.iter().filter(|s| s.kv_fp8.is_some()).collect();
-    assert_eq!(fp8.len(), 2 * plain.len());
+    // e4m3 with the four built-in variants, e5m2 without a variant: of the five variants.
+    assert_eq!(fp8.len() * 5, plain.len() * (4 + 1));
+    for s in &plain {
+        let e4m3 = fp8.iter().any(|f| {
+            f.kv_fp8 == Some(Fp8Format::E4m3)
+                && KernelSpec {
+                    kv_fp8: None,
+                    ..(*f).clone()
+                } == **s
+        });
+        assert_eq!(
+            e4m3,
+            !matches!(s.variant, VariantSpec::Custom { .. }),
+            "{}",
+            s.name()
+        );
+    }
     for s in &fp8 {
         let twin = KernelSpec {
             kv_fp8: None,

@@ -11,6 +11,8 @@
 //! the GPU lowers its clock (measured on an H200: from 1980 to about 1675 MHz within a second of
 //! the heaviest shapes), so a side timed over fewer launches would be timed at a higher clock.
 
+mod fp8;
+
 use crate::backend::parse_arch;
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
@@ -401,6 +403,9 @@ fn measure_paged(
     line: &mut ResultLine,
 ) -> Result<String, Error> {
     let paged = shape.shape.paged_problem()?;
+    if let Some(format) = shape.shape.kv_fp8()? {
+        return fp8::measure_paged_fp8(engine, shape, args, line, paged, format);
+    }
     let problem = paged.problem().clone();
     let layout = *paged.layout();
     let plan = PagedPlan::with_options(engine, &paged, args.plan_options())?;
