@@ -31,7 +31,7 @@ def parse_args():
                     help="a shape name from the shape list (repeat)")
     ap.add_argument("--shapes", default="bench/shapes.json", help="the shape list")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of A B B A (each binary runs twice per round)")
-    ap.add_argument("--runs", type=int, default=50, help="fewest timed launches per shape (attnforge bench times more while they fill its --target-ms)")
+    ap.add_argument("--runs", type=int, default=10, help="fewest timed graph replays per shape (attnforge bench times more while they fill its --target-ms)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed launches first (attnforge bench adds 5 probe launches)")
     ap.add_argument("--out", required=True, help="JSON lines of every measurement")
     ap.add_argument("--tiles-of", metavar="ARCH",

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The peers' side of attnforge's GPU benchmarks, timed on the very shapes that `attnforge bench`
-times. Two suites:
+times, the same way. Two suites:
 
-  prefill  FlashInfer 0.5.3 FA2 (single prefill, ragged batch prefill) and torch SDPA (flash and
-           cuDNN backends) on contiguous K/V.
+  prefill  FlashInfer 0.5.3 FA2 (single prefill, ragged batch prefill), FlashInfer 0.5.3's FA3
+           backend (f16 shapes), FlashAttention-3 from the `fa3-fwd` wheel (`flash_attn_func`,
+           `flash_attn_varlen_func` for ragged batches; built without fp16, so bf16 shapes), and
+           torch SDPA (flash and cuDNN backends), on contiguous K/V.
   paged    FlashInfer 0.5.3 over a paged KV cache (NHD, separate K and V pages): batch decode with
            BatchDecodeWithPagedKVCacheWrapper (CUDA cores, and tensor cores), batch paged prefill
            with BatchPrefillWithPagedKVCacheWrapper (FA2). torch SDPA has no paged KV cache and
@@ -17,48 +19,56 @@ formula. Output: one JSON line per (shape, impl that applies to it) in the bench
 
 Method, per (shape, impl):
   1. A peer that cannot run the shape is reported, never skipped: "missing: why" when the feature
-     does not exist there (torch has no soft-cap and no f16 QK accumulation, FlashInfer's decode
-     wrapper has no f16 QK accumulation), "error: why" when it fails (FlashInfer 0.5.3's f16-QK
-     kernels stop at a static assertion unless FlashInfer is rebuilt with
-     -DFP16_QK_REDUCTION_SUPPORTED and Boost.Math: that is expected). In the paged suite the decode wrappers apply
-     to decode shapes (every qo_len 1, not causal) and the paged prefill wrapper to the others.
-  2. FlashInfer JIT-compiles one module per configuration (dtype, head dims, soft-cap on/off,
-     f16 QK, and which kernel family) on its first call. Every configuration is compiled on a tiny
-     problem before any timing, in one shared JIT folder; a configuration that fails to compile is
-     not retried for its other shapes.
+     does not exist there (torch has no soft-cap and no f16 QK accumulation, fa3-fwd is built
+     without fp16, FlashInfer's decode wrapper has no f16 QK accumulation), "error: why" when it
+     fails (FlashInfer 0.5.3's f16-QK kernels stop at a static assertion unless FlashInfer is
+     rebuilt with -DFP16_QK_REDUCTION_SUPPORTED and Boost.Math: that is expected). In the paged
+     suite the decode wrappers apply to decode shapes (every qo_len 1, not causal) and the paged
+     prefill wrapper to the others; FlashInfer's FA3 backend applies to f16 shapes (bf16 shapes
+     have FA3 itself).
+  2. FlashInfer JIT-compiles one module per configuration (backend, dtype, head dims, soft-cap
+     on/off, f16 QK, and which kernel family) on its first call. Every configuration is compiled
+     on a tiny problem before any timing, JIT_WORKERS at a time (--jit-workers), in one shared
+     JIT folder; a configuration that fails to compile is not retried for its other shapes.
   3. The output of one call is checked against a float64 reference on a few rows of a few
      requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time. For
      paged shapes the reference reads K/V gathered from the pages through the page table.
-  4. Timing: CUDA events around each run, after warm-up; median of MIN_RUNS..MAX_RUNS runs. Inputs
-     rotate among several random-normal copies when the working set is under 2x L2 (paged: whole
-     copies of q, k_cache and v_cache, one page table). The GPU is kept busy (torch.cuda._sleep)
-     while the runs are enqueued, so the host's per-call Python overhead does not show up as idle
-     gaps between runs on small shapes.
+  4. Timing (bench/peers_timing.py): replays of a CUDA graph of N calls, N so that a replay
+     lasts a few milliseconds, the median replay over N; back to back where a call cannot be
+     captured (the line's `method` says which); and the host time of one call in its own field.
+     Inputs rotate among several random-normal copies when the working set is under 2x L2
+     (paged: whole copies of q, k_cache and v_cache, one page table).
 
 Usage:
   python3 bench/peers.py shapes-prefill.json --out peers-prefill.jsonl
   python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
-Also: --dry-run (print the plan, no GPU, no torch), --self-test (checks the reference, and the
-page gather of the paged suite, on the CPU), --impls and --filter (narrow a run).
+Also: --dry-run (print the plan, no GPU, no torch), --self-test (the timing rules and the timer
+on a stand-in of torch.cuda, on any machine; with torch, also the reference and the page gather
+of the paged suite on the CPU), --impls and --filter (narrow a run), --method back-to-back.
 
-The page table check, the float64 reference, the page gather, the output check (with TOLERANCE)
-and the self-test are in bench/peers_check.py, which this script imports.
+The shapes are read by bench/peers_shapes.py; the page table check, the float64 reference, the
+page gather, the output check (with TOLERANCE) and their self-test are in bench/peers_check.py;
+the timing in bench/peers_timing.py.
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
-from peers_check import TOLERANCE, check_output, check_page_table, gather_pages
+import peers_timing
+from peers_check import check_output
+from peers_shapes import SUITE_PAGED, SUITE_PREFILL, PagedShape, Shape, load_shapes
+from peers_timing import METHOD_BACK_TO_BACK, METHOD_GRAPH, Timer, first_output
 
-SUITE_PREFILL = "prefill"
-SUITE_PAGED = "paged"
 IMPL_FLASHINFER = "flashinfer-fa2"
+IMPL_FI_FA3 = "flashinfer-fa3"
+IMPL_FA3 = "fa3"
 IMPL_TORCH_FLASH = "torch-flash"
 IMPL_TORCH_CUDNN = "torch-cudnn"
 IMPL_FI_DECODE = "flashinfer-decode"
@@ -66,195 +76,25 @@ IMPL_FI_DECODE_TC = "flashinfer-decode-tc"
 IMPL_FI_PAGED_PREFILL = "flashinfer-paged-prefill"
 # The peers of each suite, in the order of the report's columns (bench/report.py reads this).
 SUITE_IMPLS = {
-    SUITE_PREFILL: [IMPL_FLASHINFER, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN],
+    SUITE_PREFILL: [IMPL_FLASHINFER, IMPL_FI_FA3, IMPL_FA3, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN],
     SUITE_PAGED: [IMPL_FI_DECODE, IMPL_FI_DECODE_TC, IMPL_FI_PAGED_PREFILL],
 }
+# The peers that run only some shapes of their suite (no line for the others), and which:
+# bench/report.py shows this for the shapes they leave out.
+IMPL_SCOPE = {IMPL_FI_FA3: "runs the f16 shapes only (on bf16 shapes FA3 is the fa3 column)"}
 
 L2_BYTES_FALLBACK = 60 * 1000 * 1000  # H200; the device's own figure is used when torch gives it
 ROTATE_BELOW_L2_MULTIPLE = 2  # rotate inputs when one copy's working set is under 2x L2
 ROTATE_TARGET_L2_MULTIPLE = 4  # ... among enough copies to span 4x L2
 MAX_COPIES = 32
-WARMUP_RUNS = 5
-PROBE_RUNS = 5
-MIN_RUNS = 50
-MAX_RUNS = 200
-TARGET_TIMED_MS = 300.0  # GPU time spent on timed runs per (shape, impl), within the run limits
-ENQUEUE_MARGIN = 1.5  # keep the GPU busy 1.5x as long as enqueueing the runs takes
-SLEEP_CAP_MS = 2000.0
-ASSUMED_CLOCK_KHZ = 2_000_000
-JIT_PROBE_LENS = {"single": [128], "batch": [64, 96]}
-JIT_PROBE_PAGED = {"qo_lens": [5, 3], "kv_pages": [3, 1]}  # decode probes use qo_lens 1
+JIT_WORKERS = 4  # FlashInfer configurations compiled at once (each nvcc run takes one core)
 INPUT_MEMORY_BUDGET = 16 * 1000 ** 3  # all rotated copies of a shape's inputs together
 FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 DEFAULT_JIT_DIR = "/tmp/attnforge-flashinfer-jit"
 SEED = 20261130
 ERROR_TEXT_LIMIT = 300
-
-REQUIRED_FIELDS = ["name", "qo_lens", "kv_lens", "num_qo_heads", "num_kv_heads", "causal",
-                   "dtype", "qk_accum", "flops", "bytes"]
-PAGED_FIELDS = ["page_size", "num_pages", "kv_page_indptr", "kv_page_indices",
-                "kv_last_page_len"]
-DTYPE_BYTES = {"f16": 2, "bf16": 2}
-
-
-def is_decode(obj):
-    """A paged shape (a dict or a Shape) is a decode shape when every qo_len is 1 and it is not
-    causal; any other paged shape is a paged prefill shape. bench/report.py groups by this."""
-    get = obj.get if isinstance(obj, dict) else (lambda field: getattr(obj, field))
-    return all(int(n) == 1 for n in get("qo_lens")) and not get("causal")
-
-
-def prefix_sums(lens):
-    acc = [0]
-    for n in lens:
-        acc.append(acc[-1] + n)
-    return acc
-
-
-class Shape:
-    """One resolved prefill shape (single request when it has one length, else a ragged batch)."""
-
-    suite = SUITE_PREFILL
-
-    def __init__(self, obj):
-        for field in REQUIRED_FIELDS:
-            if field not in obj:
-                raise ValueError(f"shape {obj.get('name', '?')!r}: missing field {field!r}")
-        self.name = obj["name"]
-        self.qo_lens = [int(x) for x in obj["qo_lens"]]
-        self.kv_lens = [int(x) for x in obj["kv_lens"]]
-        if not self.qo_lens or len(self.qo_lens) != len(self.kv_lens):
-            raise ValueError(f"shape {self.name!r}: qo_lens and kv_lens must be non-empty and "
-                             f"of one length, got {self.qo_lens} and {self.kv_lens}")
-        self.hq = int(obj["num_qo_heads"])
-        self.hkv = int(obj["num_kv_heads"])
-        if self.hkv <= 0 or self.hq % self.hkv != 0:
-            raise ValueError(f"shape {self.name!r}: num_qo_heads {self.hq} is not a multiple of "
-                             f"num_kv_heads {self.hkv}")
-        if "head_dim" in obj:
-            self.d_qk = self.d_vo = int(obj["head_dim"])
-        elif "head_dim_qk" in obj and "head_dim_vo" in obj:
-            self.d_qk, self.d_vo = int(obj["head_dim_qk"]), int(obj["head_dim_vo"])
-        else:
-            raise ValueError(f"shape {self.name!r}: needs head_dim or head_dim_qk/head_dim_vo")
-        self.causal = bool(obj["causal"])
-        self.dtype = obj["dtype"]
-        if self.dtype not in TOLERANCE:
-            raise ValueError(f"shape {self.name!r}: dtype {self.dtype!r} is not f16 or bf16")
-        cap = obj.get("soft_cap")
-        self.soft_cap = float(cap) if cap else None
-        self.qk_accum = obj["qk_accum"]
-        if self.qk_accum not in ("f32", "f16"):
-            raise ValueError(f"shape {self.name!r}: qk_accum {self.qk_accum!r} is not f32 or f16")
-        self.flops = float(obj["flops"])
-        self.bytes = float(obj["bytes"])
-        self.sm_scale = 1.0 / math.sqrt(self.d_qk)
-
-    @property
-    def single(self):
-        return len(self.qo_lens) == 1
-
-    def requests(self):
-        """(qo_start, qo_len, kv_start, kv_len) per request."""
-        out, qs, ks = [], 0, 0
-        for ql, kl in zip(self.qo_lens, self.kv_lens):
-            out.append((qs, ql, ks, kl))
-            qs, ks = qs + ql, ks + kl
-        return out
-
-    def kv_sizes(self):
-        """Sizes of the K and V tensors that hold the keys and values of the whole batch."""
-        tk = sum(self.kv_lens)
-        return (tk, self.hkv, self.d_qk), (tk, self.hkv, self.d_vo)
-
-    def index_arrays(self):
-        """The int32 index arrays the peers are given, by name."""
-        return {"qo_indptr": prefix_sums(self.qo_lens), "kv_indptr": prefix_sums(self.kv_lens)}
-
-    def request_kv(self, k, v, r):
-        """Request r's keys and values, [kv_len, hkv, d] each, from the batch's K and V."""
-        _, _, ks, kl = self.requests()[r]
-        return k[ks:ks + kl], v[ks:ks + kl]
-
-    def input_bytes(self):
-        """Bytes of one copy of the inputs (q, K, V or the K/V caches) as allocated."""
-        elements = sum(self.qo_lens) * self.hq * self.d_qk
-        elements += sum(math.prod(size) for size in self.kv_sizes())
-        return DTYPE_BYTES[self.dtype] * elements
-
-    def probe(self):
-        """A tiny shape of the same FlashInfer configuration, used to trigger its JIT build."""
-        lens = JIT_PROBE_LENS["single" if self.single else "batch"]
-        obj = {"name": self.name + "#jit-probe", "qo_lens": lens, "kv_lens": lens,
-               "num_qo_heads": self.hq, "num_kv_heads": self.hkv,
-               "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
-               "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
-               "flops": 0, "bytes": 0}
-        return Shape(obj)
-
-
-class PagedShape(Shape):
-    """One resolved paged shape: a batch whose K and V live in pages of a cache (NHD, separate K
-    and V caches of [num_pages, page_size, num_kv_heads, head_dim]), found through FlashInfer's
-    page table (kv_page_indptr, kv_page_indices, kv_last_page_len), which peers_check's
-    check_page_table validates. Always a batch."""
-
-    suite = SUITE_PAGED
-
-    def __init__(self, obj):
-        super().__init__(obj)
-        for field in PAGED_FIELDS:
-            if field not in obj:
-                raise ValueError(f"shape {self.name!r}: missing field {field!r}")
-        self.page_size = int(obj["page_size"])
-        self.num_pages = int(obj["num_pages"])
-        self.kv_page_indptr = [int(x) for x in obj["kv_page_indptr"]]
-        self.kv_page_indices = [int(x) for x in obj["kv_page_indices"]]
-        self.kv_last_page_len = [int(x) for x in obj["kv_last_page_len"]]
-        check_page_table(self)
-
-    @property
-    def single(self):
-        return False
-
-    @property
-    def decode(self):
-        return is_decode(self)
-
-    def kv_sizes(self):
-        cache = (self.num_pages, self.page_size, self.hkv)
-        return cache + (self.d_qk,), cache + (self.d_vo,)
-
-    def index_arrays(self):
-        return {"qo_indptr": prefix_sums(self.qo_lens), "kv_page_indptr": self.kv_page_indptr,
-                "kv_page_indices": self.kv_page_indices,
-                "kv_last_page_len": self.kv_last_page_len}
-
-    def request_kv(self, k_cache, v_cache, r):
-        """Request r's keys and values gathered from the caches: token j is at page
-        kv_page_indices[kv_page_indptr[r] + j // page_size], slot j % page_size."""
-        import torch  # noqa: PLC0415 (only the GPU run and the self-test come here)
-        ids = self.kv_page_indices[self.kv_page_indptr[r]:self.kv_page_indptr[r + 1]]
-        kl = self.kv_lens[r]
-        return gather_pages(torch, k_cache, ids, kl), gather_pages(torch, v_cache, ids, kl)
-
-    def probe(self):
-        """A tiny paged shape of the same FlashInfer configuration and kind (decode or not)."""
-        ps = self.page_size
-        pages = JIT_PROBE_PAGED["kv_pages"]
-        kv_lens = [(n - 1) * ps + 1 for n in pages]
-        qo_lens = [1] * len(pages) if self.decode else \
-            [min(q, k) for q, k in zip(JIT_PROBE_PAGED["qo_lens"], kv_lens)]
-        obj = {"name": self.name + "#jit-probe", "qo_lens": qo_lens, "kv_lens": kv_lens,
-               "num_qo_heads": self.hq, "num_kv_heads": self.hkv,
-               "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
-               "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
-               "flops": 0, "bytes": 0, "page_size": ps, "num_pages": sum(pages),
-               "kv_page_indptr": prefix_sums(pages),
-               "kv_page_indices": list(reversed(range(sum(pages)))),
-               "kv_last_page_len": [1] * len(pages)}
-        return PagedShape(obj)
-
+FA3_MODULE = "fa3_fwd_interface"
+FA3_DIST = "fa3-fwd"
 
 def short_error(exc):
     """First line of an exception's message; for a failed build, also the first compiler error."""
@@ -277,14 +117,19 @@ def copies_for(shape, l2_bytes):
     return max(1, min(MAX_COPIES, want, fit))
 
 
-def result_line(shape, impl, status, median_ms=None, runs=0, note=None, rel_err=None):
+def result_line(shape, impl, status, timing=None, note=None, rel_err=None):
+    """A result line; `timing` is Timer.time_runs's dict when the impl was timed."""
     line = {"suite": shape.suite, "shape": shape.name, "impl": impl, "status": status,
-            "median_ms": None, "tflops": None, "tbps": None, "runs": runs}
-    if median_ms is not None and median_ms > 0:
-        seconds = median_ms * 1e-3
-        line["median_ms"] = median_ms
+            "median_ms": None, "tflops": None, "tbps": None, "runs": 0}
+    if timing is not None and timing["median_ms"] > 0:
+        seconds = timing["median_ms"] * 1e-3
+        line["median_ms"] = timing["median_ms"]
         line["tflops"] = shape.flops / seconds / 1e12
         line["tbps"] = shape.bytes / seconds / 1e12
+        for field in ("runs", "method", "launches", "host_us", "host_calls"):
+            line[field] = timing[field]
+        if timing.get("note"):
+            note = f"{note}; {timing['note']}" if note else timing["note"]
     if note:
         line["note"] = note
     if rel_err is not None:
@@ -298,11 +143,12 @@ def result_line(shape, impl, status, median_ms=None, runs=0, note=None, rel_err=
 # setup(shape, inputs, copy_count) -> (run(copy_index), to_nhd(result), note).
 
 
-def flashinfer_config(shape):
+def flashinfer_config(shape, backend="fa2"):
     """What selects one FlashInfer JIT module: sequence lengths, head counts and the mask do not.
-    "batch" is get_batch_prefill_module("fa2", ...): the ragged and the paged prefill wrappers and
-    the tensor-core decode wrapper all load that one module (flashinfer/prefill.py, decode.py)."""
-    return ("single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
+    "batch" with fa2 is get_batch_prefill_module("fa2", ...): the ragged and the paged prefill
+    wrappers and the tensor-core decode wrapper all load that one module (flashinfer/prefill.py,
+    decode.py)."""
+    return (backend, "single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
             shape.soft_cap is not None, shape.qk_accum)
 
 
@@ -336,33 +182,37 @@ class FlashInferLib:
         return self._workspace
 
 
-class FlashInferFa2:
-    name = IMPL_FLASHINFER
+class FlashInferPrefill:
+    """FlashInfer's prefill on contiguous K/V with one backend: single_prefill_with_kv_cache for
+    one request, BatchPrefillWithRaggedKVCacheWrapper (plan untimed) for a ragged batch. The fa3
+    backend runs the f16 shapes only: on bf16 shapes FA3 itself (fa3-fwd) is the peer."""
 
-    def __init__(self, lib):
+    def __init__(self, lib, name, backend):
         self.lib = lib
+        self.name = name
+        self.backend = backend
 
     def applies(self, shape):
-        return True
+        return self.backend == "fa2" or shape.dtype == "f16"
 
     def unsupported(self, shape):
         return self.lib.missing() if self.lib else None
 
     def config_key(self, shape):
-        return flashinfer_config(shape)
+        return flashinfer_config(shape, self.backend)
 
     def setup(self, shape, inputs, copy_count):
-        fi = self.lib.module
+        fi, backend = self.lib.module, self.backend
         qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
         f16qk = shape.qk_accum == "f16"
         if shape.single:
             def run(i):
                 return fi.single_prefill_with_kv_cache(
                     qs[i], ks[i], vs[i], causal=shape.causal, sm_scale=shape.sm_scale,
-                    logits_soft_cap=shape.soft_cap, use_fp16_qk_reduction=f16qk, backend="fa2")
-            return run, (lambda o: o), "single_prefill_with_kv_cache, NHD"
+                    logits_soft_cap=shape.soft_cap, use_fp16_qk_reduction=f16qk, backend=backend)
+            return run, (lambda o: o), f"single_prefill_with_kv_cache(backend={backend}), NHD"
         wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(self.lib.workspace(), "NHD",
-                                                          backend="fa2")
+                                                          backend=backend)
         wrapper.plan(inputs["qo_indptr"], inputs["kv_indptr"], shape.hq, shape.hkv, shape.d_qk,
                      shape.d_vo, causal=shape.causal, use_fp16_qk_reduction=f16qk,
                      logits_soft_cap=shape.soft_cap, sm_scale=shape.sm_scale,
@@ -370,7 +220,71 @@ class FlashInferFa2:
 
         def run_batch(i):
             return wrapper.run(qs[i], ks[i], vs[i])
-        return run_batch, (lambda o: o), "BatchPrefillWithRaggedKVCacheWrapper (plan untimed)"
+        return run_batch, (lambda o: o), \
+            f"BatchPrefillWithRaggedKVCacheWrapper(backend={backend}) (plan untimed)"
+
+
+class Fa3:
+    """FlashAttention-3's forward from the fa3-fwd wheel: flash_attn_func on [1, seq, heads, dim]
+    views for one request, flash_attn_varlen_func with cumulative lengths for a ragged batch.
+    Its build has fp16 disabled: f16 shapes are missing. A call returns the output alone or
+    first in a tuple, as builds differ (first_output)."""
+
+    name = IMPL_FA3
+
+    def __init__(self, import_module):
+        """import_module: None in a dry run (nothing is imported)."""
+        self.module, self.import_error, self.version = None, None, "-"
+        if import_module is None:
+            return
+        try:
+            self.module = import_module(FA3_MODULE)
+            from importlib.metadata import version  # noqa: PLC0415
+            self.version = version(FA3_DIST)
+        except Exception as exc:  # ImportError, or a failure inside its import
+            if self.module is None:
+                self.import_error = short_error(exc)
+            else:
+                self.version = "?"
+
+    def applies(self, shape):
+        return True
+
+    def unsupported(self, shape):
+        if shape.dtype == "f16":
+            return "missing: fa3-fwd is built without fp16"
+        if self.import_error:
+            return f"missing: {FA3_MODULE} not importable: {self.import_error}"
+        if shape.qk_accum == "f16":
+            return "missing: FA3 has no f16 QK accumulation"
+        return None
+
+    def config_key(self, shape):
+        return None
+
+    def setup(self, shape, inputs, copy_count):
+        fa = self.module
+        cap = shape.soft_cap or 0.0
+        if shape.single:
+            qs, ks, vs = ([x.unsqueeze(0) for x in inputs[n]] for n in ("q", "k", "v"))
+
+            def run(i):
+                return first_output(fa.flash_attn_func(qs[i], ks[i], vs[i],
+                                                       softmax_scale=shape.sm_scale,
+                                                       causal=shape.causal, softcap=cap))
+            return run, (lambda o: o[0]), f"{FA3_DIST} {self.version} flash_attn_func, " \
+                "[1, S, H, D]"
+        qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
+        cu_q, cu_k = inputs["qo_indptr"], inputs["kv_indptr"]
+        max_q, max_k = max(shape.qo_lens), max(shape.kv_lens)
+
+        def run_varlen(i):
+            return first_output(fa.flash_attn_varlen_func(qs[i], ks[i], vs[i], cu_q, cu_k,
+                                                          max_q, max_k,
+                                                          softmax_scale=shape.sm_scale,
+                                                          causal=shape.causal, softcap=cap))
+        return run_varlen, (lambda o: o), f"{FA3_DIST} {self.version} flash_attn_varlen_func, " \
+            "[total, H, D]"
 
 
 class FlashInferPaged:
@@ -398,8 +312,8 @@ class FlashInferPaged:
 
     def config_key(self, shape):
         if self.decode and not self.tensor_cores:
-            return ("decode", shape.dtype, shape.d_qk, shape.soft_cap is not None)
-        return flashinfer_config(shape)  # the batch prefill module (tensor-core decode too)
+            return ("fa2", "decode", shape.dtype, shape.d_qk, shape.soft_cap is not None)
+        return flashinfer_config(shape)  # the fa2 batch prefill module (tensor-core decode too)
 
     def setup(self, shape, inputs, copy_count):
         fi, dtype = self.lib.module, inputs["dtype"]
@@ -508,49 +422,6 @@ class TorchSdpa:
 
 
 # ----------------------------------------------------------------------------------------------
-# Timing
-
-
-class Timer:
-    def __init__(self, torch):
-        self.torch = torch
-        props = torch.cuda.get_device_properties(0)
-        # CUDA 13 dropped cudaDeviceProp.clockRate; if torch reports 0, assume the H200's boost
-        # clock. A lower real clock only makes the spin longer, which costs nothing in the numbers.
-        self.clock_khz = getattr(props, "clock_rate", 0) or ASSUMED_CLOCK_KHZ
-        self.can_sleep = hasattr(torch.cuda, "_sleep")
-
-    def time_runs(self, run, copy_count):
-        """Returns (median_ms, runs)."""
-        torch = self.torch
-        for w in range(WARMUP_RUNS):
-            run(w % copy_count)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        for p in range(PROBE_RUNS):
-            run(p % copy_count)
-        end.record()
-        enqueue_ms = (time.perf_counter() - t0) * 1e3 / PROBE_RUNS
-        end.synchronize()
-        gpu_ms = max(start.elapsed_time(end) / PROBE_RUNS, 1e-3)
-        runs = max(MIN_RUNS, min(MAX_RUNS, math.ceil(TARGET_TIMED_MS / gpu_ms)))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-        if self.can_sleep:
-            sleep_ms = min(ENQUEUE_MARGIN * runs * enqueue_ms, SLEEP_CAP_MS)
-            torch.cuda._sleep(int(sleep_ms * self.clock_khz))
-        for r in range(runs):
-            starts[r].record()
-            run(r % copy_count)
-            ends[r].record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-        return statistics.median(times), runs
-
-
-# ----------------------------------------------------------------------------------------------
 # Driver
 
 
@@ -606,71 +477,81 @@ def measure(torch, timer, impl, shape, inputs, copy_count, jit_note):
     del out
     if problem:
         return result_line(shape, impl.name, f"wrong: {problem}", note=note, rel_err=rel)
-    median_ms, runs = timer.time_runs(run, copy_count)
-    return result_line(shape, impl.name, "ok", median_ms=median_ms, runs=runs, note=note,
-                       rel_err=rel)
+    timing = timer.time_runs(run, copy_count)
+    return result_line(shape, impl.name, "ok", timing=timing, note=note, rel_err=rel)
 
 
-def compile_configs(torch, impl, shapes, jit_failures, jit_notes):
-    """Runs each FlashInfer configuration once on a tiny problem (its JIT build), before timing.
-    A configuration already built or failed (possibly through another impl that loads the same
-    module) is not built again."""
-    for shape in shapes:
-        if not impl.applies(shape) or impl.unsupported(shape):
-            continue
-        key = impl.config_key(shape)
-        if key is None or key in jit_notes or key in jit_failures:
-            continue
-        probe = shape.probe()
-        t0 = time.perf_counter()
-        try:
-            inputs = make_inputs(torch, probe, 1)
-            run, _, _ = impl.setup(probe, inputs, 1)
-            run(0)
-            torch.cuda.synchronize()
-            secs = time.perf_counter() - t0
-            jit_notes[key] = f"first call (JIT) {secs:.1f} s, untimed"
-            print(f"[jit] {impl.name} {key}: ready in {secs:.1f} s", flush=True)
-        except Exception as exc:
-            secs = time.perf_counter() - t0
-            jit_failures[key] = short_error(exc)
-            print(f"[jit] {impl.name} {key}: FAILED after {secs:.1f} s: {jit_failures[key]}",
-                  flush=True)
+def jit_probe(torch, impl, shape):
+    """Runs one call of impl on a tiny shape of shape's configuration (its JIT build, nvcc
+    running outside the GIL); returns (seconds, error text or None). The output is not used."""
+    probe = shape.probe()
+    t0 = time.perf_counter()
+    try:
+        inputs = make_inputs(torch, probe, 1)
+        run, _, _ = impl.setup(probe, inputs, 1)
+        run(0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, None
+    except Exception as exc:
+        return time.perf_counter() - t0, short_error(exc)
+
+
+def compile_configs(torch, impls, shapes, jit_failures, jit_notes, workers):
+    """Builds each FlashInfer configuration once on a tiny problem before timing, `workers` at a
+    time (each build is FlashInfer's own ninja run under its own per-module lock). A
+    configuration shared by several impls (the fa2 batch module) is built once."""
+    jobs = {}
+    for impl in impls:
+        for shape in shapes:
+            if not impl.applies(shape) or impl.unsupported(shape):
+                continue
+            key = impl.config_key(shape)
+            if key is not None and key not in jobs:
+                jobs[key] = (impl, shape)
+    if not jobs:
+        return
+    # FA3 modules take about three times as long as FA2 ones: they start first.
+    jobs = dict(sorted(jobs.items(), key=lambda item: item[0][0] != "fa3"))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {key: pool.submit(jit_probe, torch, impl, shape)
+                   for key, (impl, shape) in jobs.items()}
+        for key, future in futures.items():
+            secs, error = future.result()
+            name = jobs[key][0].name
+            if error:
+                jit_failures[key] = error
+                print(f"[jit] {name} {key}: FAILED after {secs:.1f} s: {error}", flush=True)
+            else:
+                jit_notes[key] = f"first call (JIT) {secs:.1f} s, untimed"
+                print(f"[jit] {name} {key}: ready in {secs:.1f} s", flush=True)
 
 
 def print_table(lines):
-    print("\n| shape | impl | status | median ms | TFLOP/s | TB/s |")
-    print("|---|---|---|---:|---:|---:|")
+    print("\n| shape | impl | status | median ms | TFLOP/s | TB/s | host us | method |")
+    print("|---|---|---|---:|---:|---:|---:|---|")
     for ln in lines:
         status = ln["status"] if ln["status"] == "ok" else ln["status"][:70]
         ms = f"{ln['median_ms']:.4f}" if ln["median_ms"] else "-"
         tf = f"{ln['tflops']:.1f}" if ln["tflops"] else "-"
         tb = f"{ln['tbps']:.2f}" if ln["tbps"] else "-"
-        print(f"| {ln['shape']} | {ln['impl']} | {status} | {ms} | {tf} | {tb} |")
+        host = f"{ln['host_us']:.1f}" if ln.get("host_us") else "-"
+        print(f"| {ln['shape']} | {ln['impl']} | {status} | {ms} | {tf} | {tb} | {host} | "
+              f"{ln.get('method', '-')} |")
     sys.stdout.flush()
-
-
-def load_shapes(path, suite, name_filter):
-    with open(path) as f:
-        raw = json.load(f)
-    if isinstance(raw, dict):  # tolerate {"prefill": [...]} as well as a bare list
-        raw = raw.get(suite, [])
-    if not isinstance(raw, list):
-        raise ValueError(f"{path}: expected a JSON list of resolved shapes")
-    cls = PagedShape if suite == SUITE_PAGED else Shape
-    shapes = [cls(obj) for obj in raw]
-    if name_filter:
-        shapes = [s for s in shapes if name_filter in s.name]
-    return shapes
 
 
 def make_impls(torch, suite, names, lib):
     """The impl objects for `names`. Without torch (a dry run), FlashInfer impls get lib None
-    (enough for applies/config_key) and torch's are None (they apply to every prefill shape)."""
+    (enough for applies/config_key), FA3 imports nothing, and torch's are None (they apply to
+    every prefill shape)."""
     objs = []
     for name in names:
         if name == IMPL_FLASHINFER:
-            objs.append(FlashInferFa2(lib))
+            objs.append(FlashInferPrefill(lib, name, "fa2"))
+        elif name == IMPL_FI_FA3:
+            objs.append(FlashInferPrefill(lib, name, "fa3"))
+        elif name == IMPL_FA3:
+            objs.append(Fa3(None if torch is None else importlib.import_module))
         elif suite == SUITE_PAGED:
             objs.append(FlashInferPaged(lib, name))
         elif torch is None:
@@ -699,9 +580,29 @@ def dry_run(suite, shapes, impls):
         print(f"  {s.name}: requests={len(s.qo_lens)}{extra} flops={s.flops:.3e} "
               f"bytes={s.bytes:.3e} copies={copies_for(s, L2_BYTES_FALLBACK)} "
               f"impls={','.join(here) or '-'}")
-    print(f"FlashInfer configurations to compile: {len(configs)}")
+    print(f"FlashInfer configurations to compile ({JIT_WORKERS} at a time by default): "
+          f"{len(configs)}")
     for key in configs:
         print(f"  {key}")
+    t = peers_timing
+    print(f"timing: CUDA graph of N calls (back to back where capture fails), N for a "
+          f"{t.REPLAY_TARGET_MS:g} ms replay (at most {t.MAX_LAUNCHES}); {t.MIN_RUNS}-"
+          f"{t.MAX_RUNS} replays filling {t.TARGET_TIMED_MS:g} ms; host time of "
+          f"{t.MIN_HOST_CALLS}-{t.MAX_HOST_CALLS} calls in bursts of {t.HOST_BURST}")
+
+
+def self_test():
+    """The timing's self-test (no torch needed), then, where torch imports, the reference's and
+    the page gather's (peers_check). True when everything that ran passed."""
+    ok = peers_timing.self_test()
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        print("reference self-test: not run: torch is not importable here (it needs torch's "
+              "CPU build)")
+        return ok
+    from peers_check import self_test as check_self_test  # noqa: PLC0415
+    return check_self_test(torch, Shape, PagedShape) and ok
 
 
 def main():
@@ -717,15 +618,19 @@ def main():
     ap.add_argument("--jit-dir", default=os.environ.get("FLASHINFER_WORKSPACE_BASE",
                                                          DEFAULT_JIT_DIR),
                     help="FlashInfer JIT workspace (sets FLASHINFER_WORKSPACE_BASE)")
+    ap.add_argument("--method", choices=[METHOD_GRAPH, METHOD_BACK_TO_BACK],
+                    default=METHOD_GRAPH, help="CUDA graph replays (back to back where a call "
+                    "cannot be captured), or back to back for every peer (default graph)")
+    ap.add_argument("--jit-workers", type=int, default=JIT_WORKERS,
+                    help=f"FlashInfer configurations compiled at once (default {JIT_WORKERS})")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; no GPU, no torch")
     ap.add_argument("--self-test", action="store_true",
-                    help="check the reference and the page gather on the CPU (both suites)")
+                    help="check the timing on a stand-in of torch.cuda; with torch, also the "
+                         "reference and the page gather on the CPU (both suites)")
     args = ap.parse_args()
 
     if args.self_test:
-        import torch  # noqa: PLC0415
-        from peers_check import self_test  # noqa: PLC0415
-        return 0 if self_test(torch, Shape, PagedShape) else 1
+        return 0 if self_test() else 1
     if not args.shapes:
         ap.error("the resolved shapes file is required")
     known = SUITE_IMPLS[args.suite]
@@ -761,18 +666,23 @@ def main():
         lib = FlashInferLib(torch)
         print(f"peers.py: flashinfer {lib.version}"
               f"{' (' + lib.import_error + ')' if lib.import_error else ''}", flush=True)
+        if not lib.import_error:
+            lib.workspace()  # allocated once, before the JIT threads share it
     impl_objs = make_impls(torch, args.suite, impls, lib)
+    for impl in impl_objs:
+        if isinstance(impl, Fa3):
+            print(f"peers.py: {FA3_DIST} {impl.version}"
+                  f"{' (' + impl.import_error + ')' if impl.import_error else ''}", flush=True)
 
     jit_failures, jit_notes = {}, {}
     t_jit = time.perf_counter()
-    for impl in impl_objs:
-        compile_configs(torch, impl, shapes, jit_failures, jit_notes)
+    compile_configs(torch, impl_objs, shapes, jit_failures, jit_notes, args.jit_workers)
     print(f"[jit] all configurations in {time.perf_counter() - t_jit:.1f} s", flush=True)
 
-    timer = Timer(torch)
+    timer = Timer(torch, args.method)
     if not timer.can_sleep:
-        print("peers.py: torch.cuda._sleep unavailable: small shapes may time host overhead",
-              flush=True)
+        print("peers.py: torch.cuda._sleep unavailable: back-to-back times of small shapes may "
+              "include host overhead", flush=True)
     metric, unit = ("tbps", "TB/s") if args.suite == SUITE_PAGED else ("tflops", "TFLOP/s")
     results = []
     with open(args.out, "w") as out:

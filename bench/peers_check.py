@@ -16,8 +16,8 @@ TOLERANCE = {"f16": 1e-2, "bf16": 3e-2}  # relative L2 error of o on the checked
 
 
 def check_page_table(shape):
-    """Raises ValueError unless a paged shape's page table (peers.PagedShape's fields) describes
-    exactly its kv_lens, with every page id inside the cache."""
+    """Raises ValueError unless a paged shape's page table (peers_shapes.PagedShape's fields)
+    describes exactly its kv_lens, with every page id inside the cache."""
     name, ps, batch = shape.name, shape.page_size, len(shape.kv_lens)
     if ps < 1 or ps & (ps - 1):
         raise ValueError(f"shape {name!r}: page_size {ps} is not a power of two")
@@ -124,7 +124,7 @@ def sdpa_f64(torch, q, k, v, causal, group):
 
 def self_test_prefill(torch, shape_cls):
     """The reference against torch's math SDPA, and a soft-cap case by hand, on shapes of
-    shape_cls (peers.Shape). Returns [ok...]."""
+    shape_cls (peers_shapes.Shape). Returns [ok...]."""
     results = []
     cases = [(32, 8, 64, True, [37], [37]), (4, 4, 64, False, [21], [21]),
              (8, 2, 128, True, [5, 40, 17], [5, 40, 17])]
@@ -219,7 +219,7 @@ def self_test_paged_case(torch, paged_cls, label, qls, causal, hq, hkv, d):
 
 def self_test_paged(torch, paged_cls):
     """Paged batches (self_test_paged_case), bad page tables refused, and JIT probes that are
-    valid paged shapes of the same kind, on shapes of paged_cls (peers.PagedShape). Returns
+    valid paged shapes of the same kind, on shapes of paged_cls (peers_shapes.PagedShape). Returns
     [ok...]."""
     results = [self_test_paged_case(torch, paged_cls, *case) for case in [
         ("prefill causal", [3, 1, 6], True, 4, 2, 16),

@@ -17,6 +17,9 @@ fields the plot groups by). A merged JSON written by this script can be read bac
 (`--merged`; it names its suite), so reports are regenerated from the raw results on any machine
 with matplotlib.
 
+`--self-test` checks the rendering of old and new result lines and that docs/benchmarks.md is
+what this script generates from docs/results (bench/report_selftest.py).
+
 `--doc FILE MERGED...` writes the whole of FILE (docs/benchmarks.md) from merged JSON files, one
 section each (prefill sections by head dim, then paged), each linking the PNG of the same name
 beside its JSON where there is one (`--plot` with `--doc` redraws them first).
@@ -40,7 +43,9 @@ import math
 import os
 import sys
 
-from peers import SUITE_IMPLS, SUITE_PAGED, SUITE_PREFILL, is_decode
+import peers_timing
+from peers import IMPL_SCOPE, SUITE_IMPLS
+from peers_shapes import SUITE_PAGED, SUITE_PREFILL, is_decode
 
 OURS = "attnforge"
 # The figures a result line carries: field -> (unit, format).
@@ -156,10 +161,15 @@ class Footnotes:
         self.texts = []
 
     def ref(self, impl, line):
-        text = f"{impl}: {line['status']}" if line else f"{impl}: no result line"
+        if line:
+            text, kind = f"{impl}: {line['status']}", status_kind(line)
+        elif impl in IMPL_SCOPE:
+            text, kind = f"{impl}: {IMPL_SCOPE[impl]}", "n/a"
+        else:
+            text, kind = f"{impl}: no result line", status_kind(line)
         if text not in self.texts:
             self.texts.append(text)
-        return f"{status_kind(line)} [{self.texts.index(text) + 1}]"
+        return f"{kind} [{self.texts.index(text) + 1}]"
 
     def render(self):
         return [f"[{n}] {t}" for n, t in enumerate(self.texts, 1)]
@@ -190,19 +200,41 @@ def extra_cells(line, extras):
     return [METRICS[x][1].format(line[x]) if is_ok(line, x) else "-" for x in extras]
 
 
+def has_host_time(shapes, impls):
+    """Whether any result line of these shapes and impls carries a host time (result files
+    written before host times were measured have none: their tables keep their columns)."""
+    return any(s["results"].get(i, {}).get("host_us") for s in shapes for i in impls)
+
+
+def figure_cell(line, metric, fmt):
+    """The figure of an ok line, marked when it was timed back to back rather than by graph
+    replay."""
+    cell = fmt.format(line[metric])
+    return cell + " (b2b)" if line.get("method") == peers_timing.METHOD_BACK_TO_BACK else cell
+
+
+def host_cell(line):
+    return f"{line['host_us']:.1f}" if line and line.get("host_us") else "-"
+
+
 def markdown_table(merged):
     """Markdown lines of the tables (a heading above each when the suite has several), the
     ratio summary lines and the footnotes of the statuses other than ok. Each impl has a column
-    of the table's figure, then one per extra figure ("-" unless ok), then, for a peer, the ratio
-    ours/peer of the table's figure."""
+    of the table's figure, then one per extra figure ("-" unless ok), then its host time per call
+    in microseconds (where the results carry host times), then, for a peer, the ratio ours/peer
+    of the table's figure (the inverse ratio of the kernel times)."""
     notes = Footnotes()
     rows, summary = [], []
     for title, shapes, impls, metric, extras in table_groups(merged):
         unit, fmt = METRICS[metric]
         peers = [i for i in impls if i != OURS]
+        host = has_host_time(shapes, impls)
+        host_head = ["host us"] if host else []
         head = ["shape", f"{OURS} {unit}"] + [f"{OURS} {METRICS[x][0]}" for x in extras]
+        head += [f"{OURS} {h}" for h in host_head]
         for p in peers:
-            head += [f"{p} {unit}"] + [f"{p} {METRICS[x][0]}" for x in extras] + [f"{OURS}/{p}"]
+            head += [f"{p} {unit}"] + [f"{p} {METRICS[x][0]}" for x in extras]
+            head += [f"{p} {h}" for h in host_head] + [f"{OURS}/{p}"]
         if title:
             rows += [f"### {title}", ""]
         rows += ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
@@ -210,14 +242,14 @@ def markdown_table(merged):
         for s in shapes:
             res = s["results"]
             ours = res.get(OURS)
-            cells = [s["name"],
-                     fmt.format(ours[metric]) if is_ok(ours, metric) else notes.ref(OURS, ours)]
-            cells += extra_cells(ours, extras)
+            cells = [s["name"], figure_cell(ours, metric, fmt) if is_ok(ours, metric)
+                     else notes.ref(OURS, ours)]
+            cells += extra_cells(ours, extras) + ([host_cell(ours)] if host else [])
             for p in peers:
                 line = res.get(p)
-                cells.append(fmt.format(line[metric]) if is_ok(line, metric)
+                cells.append(figure_cell(line, metric, fmt) if is_ok(line, metric)
                              else notes.ref(p, line))
-                cells += extra_cells(line, extras)
+                cells += extra_cells(line, extras) + ([host_cell(line)] if host else [])
                 if is_ok(ours, metric) and is_ok(line, metric):
                     r = ours[metric] / line[metric]
                     ratios[p].append((r, s["name"]))
@@ -397,6 +429,35 @@ def section_title(merged):
     return title
 
 
+def method_line(merged, shapes_cmd):
+    """The section's method: from the result lines' `method` fields (graph replay, with the
+    implementations timed back to back named), or, for result files written before graph replay,
+    the per-launch events those used."""
+    common = (f"inputs rotated when they fit in L2; FLOPs and bytes from `{shapes_cmd}` for "
+              "every kernel; every kernel checked against a float64 reference before its time "
+              "is kept ([benchmarking.md](benchmarking.md)).")
+    lines = [line for s in merged["shapes"] for line in s["results"].values()
+             if line.get("status") == "ok"]
+    if not any("method" in line for line in lines):
+        return ("- Method: kernel time from CUDA events around each launch, after warm-up; the "
+                "median of 50 to 200 launches (as many as fill about 300 ms of GPU time); "
+                + common)
+    t = peers_timing
+    text = ("- Method: every implementation timed the same way: a CUDA graph of N launches "
+            f"(N so that one replay lasts about {t.REPLAY_TARGET_MS:g} ms) replayed "
+            f"{t.MIN_RUNS} to {t.MAX_RUNS} times (as many as fill about "
+            f"{t.TARGET_TIMED_MS:g} ms of GPU time), each replay between two CUDA events; the "
+            "figure is the median replay over N")
+    back = sorted({line["impl"] for line in lines
+                   if line.get("method") == t.METHOD_BACK_TO_BACK})
+    if back:
+        text += (f"; where a call could not be captured ({', '.join(back)}: cells marked b2b), "
+                 "groups of N launches back to back behind a spin kernel")
+    text += ("; host us = the median wall time of one call on the host (no synchronisation), "
+             "reported apart from the kernel time; " + common)
+    return text
+
+
 def markdown_section(merged, plot_link, json_link):
     meta = merged["meta"]
     info = suite_info(merged)
@@ -408,11 +469,7 @@ def markdown_section(merged, plot_link, json_link):
     out.append(f"- Date: {meta.get('date')}")
     out.append(f"- GPU: {meta.get('gpu') or 'not recorded'}")
     out.append(f"- Command: `{meta.get('command') or 'not recorded'}`")
-    out.append("- Method: kernel time from CUDA events around each launch, after warm-up; the "
-               "median of 50 to 200 launches (as many as fill about 300 ms of GPU time); inputs "
-               f"rotated when they fit in L2; FLOPs and bytes from `{shapes_cmd}` for every "
-               "kernel; every kernel checked against a float64 reference before its time is kept "
-               "([benchmarking.md](benchmarking.md)).")
+    out.append(method_line(merged, shapes_cmd))
     if suite == SUITE_PAGED:
         out.append(f"- Figures: batch decode is bound by memory: TB/s = the shape's `bytes` (Q, "
                    f"K and V read once, O written once) over the median time; the "
@@ -519,7 +576,14 @@ def main():
     dst.add_argument("--json-link", help="raw-results path used in the markdown")
     dst.add_argument("--doc", nargs="+", metavar=("FILE", "MERGED"),
                      help="write the whole FILE (docs/benchmarks.md) from these merged JSON files")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the rendering and that docs/benchmarks.md is generated from "
+                         "docs/results (no GPU, no matplotlib)")
     args = ap.parse_args()
+
+    if args.self_test:
+        from report_selftest import self_test  # noqa: PLC0415 (imports this module)
+        return 0 if self_test() else 1
 
     if args.doc:
         if len(args.doc) < 2:

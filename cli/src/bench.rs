@@ -3,13 +3,18 @@
 //! Two suites: `prefill` (ragged K/V) and `paged` (batch decode and paged prefill over a paged
 //! cache, with the page table the resolved shape list gives the peers too). Each shape is first
 //! run once and compared with the exact reference on sampled rows: a wrong kernel is reported as
-//! `wrong` and makes the command fail, so a fast wrong kernel never becomes a result. Then CUDA
-//! events time the launches, rotating among input copies when one set would sit in L2, and the
-//! median is reported. How many launches follows the peers' rule (`bench/peers.py`): after
-//! `--warmup` launches and 5 probe launches, enough to fill `--target-ms` of GPU time, at least
-//! `--runs` and at most `--max-runs`. Both sides then run about as long: under sustained load
-//! the GPU lowers its clock (measured on an H200: from 1980 to about 1675 MHz within a second of
-//! the heaviest shapes), so a side timed over fewer launches would be timed at a higher clock.
+//! `wrong` and makes the command fail, so a fast wrong kernel never becomes a result.
+//!
+//! Then the kernel time, the way `bench/peers.py` times every peer (docs/benchmarking.md): N
+//! launches (rotating among input copies when one set would sit in L2) are captured in a CUDA
+//! graph, N chosen so that one replay lasts about `--replay-ms`; the replays are timed between
+//! two CUDA events each, as many as fill `--target-ms` of GPU time (at least `--runs`, at most
+//! `--max-runs`), and the median replay over N is the time of one launch. `--method
+//! back-to-back` times groups of N launches enqueued back to back instead. Both sides run about
+//! as long: under sustained load the GPU lowers its clock (measured on an H200: from 1980 to
+//! about 1675 MHz within a second of the heaviest shapes), so a side timed for less time would
+//! be timed at a higher clock. Apart from the kernel, the host time of one `run` call (wall
+//! time, no synchronisation) is measured, its median reported as `host_us`.
 
 mod fp8;
 
@@ -26,20 +31,19 @@ use attnforge::tensor::HostTensor;
 use attnforge::testing::random_inputs;
 use attnforge::verify::sample_rows;
 use attnforge::{reference, AttentionProblem, DType, Error};
-use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use timing::{time_launches, Timing};
+
+mod timing;
 
 /// L2 cache of the largest GPU we target (H200: 60 MB); inputs are rotated until a run's working
 /// set is at least twice this.
 const L2_BYTES: f64 = 60.0 * 1024.0 * 1024.0;
 /// Rows of each output compared with the reference before timing.
 const CHECK_ROWS: usize = 48;
-/// Launches timed together, after the warm-up, to estimate one launch's GPU time (the peers'
-/// PROBE_RUNS).
-const PROBE_RUNS: usize = 5;
 
 /// Which list of `bench/shapes.json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -79,19 +83,8 @@ pub struct BenchArgs {
     /// Write one JSON line per shape here.
     #[arg(long)]
     json_out: Option<PathBuf>,
-    /// Fewest timed launches per shape (the median is reported); more while they take less than
-    /// `--target-ms` of GPU time, up to `--max-runs` (the peers' rule).
-    #[arg(long, default_value_t = 50)]
-    runs: usize,
-    /// Most timed launches per shape.
-    #[arg(long, default_value_t = 200)]
-    max_runs: usize,
-    /// GPU time the timed launches of a shape should fill, in milliseconds.
-    #[arg(long, default_value_t = 300.0)]
-    target_ms: f64,
-    /// Untimed launches first (then 5 more, timed together, estimate one launch's time).
-    #[arg(long, default_value_t = 5)]
-    warmup: usize,
+    #[command(flatten)]
+    timing: Timing,
     /// Replace the planner's tile (e.g. `w4q2kv64`): for tuning.
     #[arg(long, value_parser = parse_tile)]
     tile: Option<TileConfig>,
@@ -119,7 +112,12 @@ struct ResultLine<'a> {
     median_ms: Option<f64>,
     tflops: Option<f64>,
     tbps: Option<f64>,
+    /// Timed replays (of `launches` launches each).
     runs: usize,
+    method: &'static str,
+    launches: usize,
+    host_us: Option<f64>,
+    host_calls: usize,
     kernel: Option<String>,
 }
 
@@ -149,7 +147,7 @@ fn selected(args: &BenchArgs) -> Result<Vec<ResolvedShape>, Error> {
 }
 
 pub fn run(args: BenchArgs) -> ExitCode {
-    if let Err(e) = args.check_run_counts() {
+    if let Err(e) = args.timing.check() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
@@ -201,18 +199,24 @@ pub fn run(args: BenchArgs) -> ExitCode {
     };
     let mut failed = false;
     println!(
-        "{:<44} {:>10} {:>9} {:>8}  status",
-        "shape", "median ms", "TFLOP/s", "TB/s"
+        "{:<44} {:>10} {:>9} {:>8} {:>8}  status ({})",
+        "shape",
+        "median ms",
+        "TFLOP/s",
+        "TB/s",
+        "host us",
+        args.timing.method.name()
     );
     for shape in &shapes {
         let line = bench_one(&engine, shape, &args);
         failed |= line.status != "ok";
         println!(
-            "{:<44} {:>10} {:>9} {:>8}  {}",
+            "{:<44} {:>10} {:>9} {:>8} {:>8}  {}",
             shape.shape.name,
-            line.median_ms.map_or("-".into(), |x| format!("{x:.3}")),
+            line.median_ms.map_or("-".into(), |x| format!("{x:.4}")),
             line.tflops.map_or("-".into(), |x| format!("{x:.1}")),
             line.tbps.map_or("-".into(), |x| format!("{x:.2}")),
+            line.host_us.map_or("-".into(), |x| format!("{x:.1}")),
             line.status
         );
         if let Some(f) = out.as_mut() {
@@ -241,6 +245,10 @@ fn bench_one<'a>(engine: &Engine, shape: &'a ResolvedShape, args: &BenchArgs) ->
         tflops: None,
         tbps: None,
         runs: 0,
+        method: args.timing.method.name(),
+        launches: 0,
+        host_us: None,
+        host_calls: 0,
         kernel: None,
     };
     let measured = match args.suite {
@@ -334,57 +342,23 @@ fn copies_for(shape: &ResolvedShape) -> usize {
     ((2.0 * L2_BYTES / shape.bytes).ceil() as usize).clamp(1, 16)
 }
 
-/// Warm-up, a probe of one launch's time, then [`BenchArgs::timed_runs`] timed launches
-/// (`launch(i)` runs with input copy `i`), each between two CUDA events; the median goes into
-/// `line`.
+/// Times `launch(i)` (input copy `i`) with [`time_launches`] and fills `line` in.
 fn time_runs(
     engine: &Engine,
     shape: &ResolvedShape,
     args: &BenchArgs,
     line: &mut ResultLine,
-    mut launch: impl FnMut(usize) -> Result<(), Error>,
+    launch: impl FnMut(usize) -> Result<(), Error>,
 ) -> Result<String, Error> {
-    let stream = engine.stream();
-    for i in 0..args.warmup {
-        launch(i)?;
-    }
-    let record = || {
-        stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda("event"))
-    };
-    let probe_start = record()?;
-    for i in 0..PROBE_RUNS {
-        launch(args.warmup + i)?;
-    }
-    let probe_end = record()?;
-    engine.synchronize()?;
-    let probe_ms = f64::from(
-        probe_start
-            .elapsed_ms(&probe_end)
-            .map_err(cuda("event timing"))?,
-    ) / PROBE_RUNS as f64;
-    let runs = args.timed_runs(probe_ms);
-    // Every run is enqueued before any is waited for, so the GPU never idles between runs
-    // waiting for the host's next launch (that gap would count in short kernels' times).
-    let mut events = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let start = record()?;
-        launch(i)?;
-        let end = record()?;
-        events.push((start, end));
-    }
-    engine.synchronize()?;
-    let mut times = Vec::with_capacity(runs);
-    for (start, end) in &events {
-        times.push(start.elapsed_ms(end).map_err(cuda("event timing"))? as f64);
-    }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    line.median_ms = Some(median);
-    line.tflops = Some(shape.flops / (median * 1e-3) / 1e12);
-    line.tbps = Some(shape.bytes / (median * 1e-3) / 1e12);
-    line.runs = times.len();
+    let timed = time_launches(engine, &args.timing, copies_for(shape), launch)?;
+    let seconds = timed.median_ms * 1e-3;
+    line.median_ms = Some(timed.median_ms);
+    line.tflops = Some(shape.flops / seconds / 1e12);
+    line.tbps = Some(shape.bytes / seconds / 1e12);
+    line.runs = timed.replays;
+    line.launches = timed.launches;
+    line.host_us = Some(timed.host_us);
+    line.host_calls = timed.host_calls;
     Ok("ok".into())
 }
 
@@ -464,34 +438,6 @@ fn measure_paged(
 }
 
 impl BenchArgs {
-    /// Refuses run counts the timing cannot use.
-    fn check_run_counts(&self) -> Result<(), String> {
-        if self.runs == 0 {
-            return Err("--runs must be at least 1".into());
-        }
-        if self.max_runs < self.runs {
-            return Err(format!(
-                "--max-runs {} is below --runs {}",
-                self.max_runs, self.runs
-            ));
-        }
-        if !(self.target_ms.is_finite() && self.target_ms > 0.0) {
-            return Err(format!(
-                "--target-ms must be a positive number of milliseconds, got {}",
-                self.target_ms
-            ));
-        }
-        Ok(())
-    }
-
-    /// Timed launches for a shape whose launch took `probe_ms` of GPU time: enough to fill
-    /// `--target-ms`, within `--runs..=--max-runs`.
-    fn timed_runs(&self, probe_ms: f64) -> usize {
-        // A float past usize's range converts to usize::MAX, which the clamp brings down.
-        let wanted = (self.target_ms / probe_ms.max(1e-3)).ceil() as usize;
-        wanted.clamp(self.runs, self.max_runs)
-    }
-
     fn plan_options(&self) -> PlanOptions {
         PlanOptions {
             tile: self.tile,
@@ -518,15 +464,6 @@ fn parse_tile(s: &str) -> Result<TileConfig, String> {
     })
 }
 
-fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
-    move |source| {
-        Error::Cuda(attnforge::cuda::CudaError::Driver {
-            call: call.into(),
-            source,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,26 +480,59 @@ mod tests {
     }
 
     #[test]
-    fn timed_launches_fill_the_target_within_the_limits() {
-        let a = args(&[]);
-        assert_eq!(a.timed_runs(1.6), 188, "300 ms of 1.6 ms launches");
-        assert_eq!(a.timed_runs(10.0), 50, "never fewer than --runs");
-        assert_eq!(a.timed_runs(0.01), 200, "never more than --max-runs");
-        assert_eq!(a.timed_runs(0.0), 200, "a probe that measured nothing");
-        assert_eq!(a.timed_runs(f64::NAN), 200, "nor a NaN probe");
-        let b = args(&["--runs", "5", "--max-runs", "1000", "--target-ms", "40"]);
+    fn replays_fill_the_target_within_the_limits() {
+        let a = args(&[]).timing;
+        assert_eq!(a.timed_runs(4.0), 50, "200 ms of 4 ms replays");
+        assert_eq!(a.timed_runs(30.0), 10, "never fewer than --runs");
+        assert_eq!(a.timed_runs(0.5), 100, "never more than --max-runs");
+        assert_eq!(a.timed_runs(0.0), 100, "a probe that measured nothing");
+        assert_eq!(a.timed_runs(f64::NAN), 100, "nor a NaN probe");
+        let b = args(&["--runs", "5", "--max-runs", "1000", "--target-ms", "40"]).timing;
         assert_eq!(b.timed_runs(1.0), 40);
     }
 
     #[test]
-    fn run_counts_the_timing_cannot_use_are_refused() {
-        assert!(args(&[]).check_run_counts().is_ok());
-        assert!(args(&["--runs", "0"]).check_run_counts().is_err());
-        assert!(args(&["--runs", "300"]).check_run_counts().is_err());
-        assert!(args(&["--runs", "300", "--max-runs", "300"])
-            .check_run_counts()
-            .is_ok());
-        assert!(args(&["--target-ms", "0"]).check_run_counts().is_err());
-        assert!(args(&["--target-ms", "inf"]).check_run_counts().is_err());
+    fn a_replay_lasts_the_replay_time_and_reads_every_copy() {
+        let a = args(&[]).timing;
+        assert_eq!(
+            a.launches_per_replay(0.016, 1),
+            250,
+            "4 ms of 16 us launches"
+        );
+        assert_eq!(a.launches_per_replay(0.5, 16), 16, "every input copy once");
+        assert_eq!(a.launches_per_replay(30.0, 1), 1, "at least one launch");
+        assert_eq!(
+            a.launches_per_replay(0.0, 1),
+            1000,
+            "at most --max-launches"
+        );
+        assert_eq!(
+            a.launches_per_replay(f64::NAN, 1),
+            1000,
+            "nor for a NaN probe"
+        );
+        let b = args(&["--replay-ms", "1", "--max-launches", "8"]).timing;
+        assert_eq!(b.launches_per_replay(0.1, 1), 8);
+        assert_eq!(b.launches_per_replay(0.25, 1), 4);
+    }
+
+    #[test]
+    fn timing_options_the_timing_cannot_use_are_refused() {
+        let check = |extra: &[&str]| args(extra).timing.check();
+        assert!(check(&[]).is_ok());
+        assert!(check(&["--runs", "0"]).is_err());
+        assert!(check(&["--runs", "300"]).is_err());
+        assert!(check(&["--runs", "300", "--max-runs", "300"]).is_ok());
+        assert!(check(&["--target-ms", "0"]).is_err());
+        assert!(check(&["--target-ms", "inf"]).is_err());
+        assert!(check(&["--replay-ms=-1"]).is_err());
+        assert!(check(&["--max-launches", "0"]).is_err());
+    }
+
+    #[test]
+    fn both_methods_are_named_as_the_peers_name_them() {
+        assert_eq!(args(&[]).timing.method.name(), "graph");
+        let b = args(&["--method", "back-to-back"]).timing;
+        assert_eq!(b.method.name(), "back-to-back");
     }
 }

@@ -18,18 +18,64 @@ use crate::paged::{Fp8Kv, KvScales, PagedAttention, PagedKv, PagedKvLayout};
 use crate::tensor::HostTensor;
 use crate::{AttentionOutput, Error};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-/// A flat device buffer of fp8 codes of one format.
+/// A flat device buffer of fp8 codes of one format, owned or borrowed (another framework's
+/// tensor, [`from_raw`](Self::from_raw)).
 #[derive(Debug)]
 pub struct DeviceFp8Tensor {
     /// At least one byte (the driver allocates nothing of size 0); `len` are the tensor's.
-    bytes: CudaSlice<u8>,
+    bytes: ManuallyDrop<CudaSlice<u8>>,
     len: usize,
     format: Fp8Format,
+    /// Whether the memory is the caller's: then it is not freed on drop.
+    borrowed: bool,
+}
+
+impl Drop for DeviceFp8Tensor {
+    fn drop(&mut self) {
+        // SAFETY: `bytes` is taken exactly once, here, and never used again.
+        let bytes = unsafe { ManuallyDrop::take(&mut self.bytes) };
+        if self.borrowed {
+            bytes.leak();
+        } else {
+            drop(bytes);
+        }
+    }
 }
 
 impl DeviceFp8Tensor {
+    /// Wraps `len` codes of `format` at device address `address` (e.g. a `torch.float8_e4m3fn`
+    /// tensor), without taking ownership: dropping the tensor frees nothing.
+    ///
+    /// # Safety
+    /// `address` must be a device allocation of the context `stream` belongs to, at least `len`
+    /// bytes long and 16-byte aligned, valid and not written by anything unordered with `stream`
+    /// for as long as this tensor (and any launch using it) lives.
+    pub unsafe fn from_raw(
+        stream: &Arc<CudaStream>,
+        address: u64,
+        format: Fp8Format,
+        len: usize,
+    ) -> Result<DeviceFp8Tensor, CudaError> {
+        if address % 16 != 0 {
+            return Err(CudaError::Buffer {
+                name: "from_raw",
+                reason: format!("address {address:#x} is not 16-byte aligned"),
+            });
+        }
+        // SAFETY: the caller vouches for the allocation (see above); the slice is leaked on drop
+        // (`borrowed`), so cudarc never frees it.
+        let bytes = unsafe { stream.upgrade_device_ptr::<u8>(address, len.max(1)) };
+        Ok(DeviceFp8Tensor {
+            bytes: ManuallyDrop::new(bytes),
+            len,
+            format,
+            borrowed: true,
+        })
+    }
+
     /// Copies host codes to the device (on `stream`).
     pub fn upload(
         stream: &Arc<CudaStream>,
@@ -38,9 +84,10 @@ impl DeviceFp8Tensor {
         let what = format!("a {}-element {} tensor", host.len(), host.format);
         let data: &[u8] = if host.is_empty() { &[0] } else { &host.codes };
         Ok(DeviceFp8Tensor {
-            bytes: memory::upload(stream, data, &what)?,
+            bytes: ManuallyDrop::new(memory::upload(stream, data, &what)?),
             len: host.len(),
             format: host.format,
+            borrowed: false,
         })
     }
 
@@ -77,7 +124,7 @@ impl DeviceFp8Tensor {
 
     /// Copies back to the host (synchronises `stream`).
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Fp8Tensor, CudaError> {
-        let mut codes = stream.clone_dtoh(&self.bytes).during("download")?;
+        let mut codes = stream.clone_dtoh(&*self.bytes).during("download")?;
         codes.truncate(self.len);
         Ok(Fp8Tensor {
             format: self.format,

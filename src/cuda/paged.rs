@@ -14,6 +14,7 @@ use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
+use super::graph::capture_graph;
 use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions, ScaleAddress};
 use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
@@ -427,20 +428,7 @@ pub(crate) fn replay_in_graph<S>(
     let num_pages = plan.layout.num_pages as i32;
     let decoy: Vec<i32> = real.iter().map(|&p| (p + 1) % num_pages).collect();
     plan.update_page_indices(stream, &decoy)?;
-    stream
-        .begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .during("beginning a graph capture")?;
-    let launched = launch(plan, state, o, lse.as_deref_mut());
-    let graph = stream
-        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-        .during("ending a graph capture")?;
-    launched?;
-    let graph = graph.ok_or_else(|| CudaError::Buffer {
-        name: "graph",
-        reason: "the capture recorded no work".into(),
-    })?;
+    let graph = capture_graph(stream, || launch(plan, state, o, lse.as_deref_mut()))?;
     graph.launch().during("launching the graph on the decoy")?;
     // The real contents, in the same buffers; the outputs poisoned again.
     plan.update_page_indices(stream, &real)?;

@@ -1,0 +1,115 @@
+"""The self-test of bench/report.py (`python3 bench/report.py --self-test`), on any machine, no
+GPU, torch or matplotlib needed:
+
+  - the committed docs/benchmarks.md is exactly what report.py generates from docs/results/*.json
+    (result files of any age: those written before graph replay have no method or host fields);
+  - a merged result in today's format renders a host-time column per implementation, the graph
+    replay method line (naming a peer timed back to back), the ratios, and "n/a" with its reason
+    where a peer runs only some shapes;
+  - a wrong result of ours blocks the document.
+"""
+
+import glob
+import json
+import os
+import tempfile
+
+import report
+from peers import IMPL_FA3, IMPL_FI_FA3, IMPL_SCOPE, IMPL_TORCH_CUDNN
+from peers_shapes import SUITE_PREFILL
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+RESULTS = os.path.join(ROOT, "docs", "results", "*.json")
+
+
+def _line(shape, impl, tflops, method="graph", host_us=12.5, status="ok"):
+    ok = status == "ok"
+    return {"suite": SUITE_PREFILL, "shape": shape, "impl": impl, "status": status,
+            "median_ms": 1.0 if ok else None, "tflops": tflops if ok else None,
+            "tbps": 1.0 if ok else None, "runs": 50 if ok else 0, "method": method,
+            "launches": 4, "host_us": host_us, "host_calls": 100}
+
+
+def _shape(name, dtype, results):
+    return {"name": name, "qo_lens": [4096], "kv_lens": [4096], "num_qo_heads": 32,
+            "num_kv_heads": 32, "head_dim": 128, "causal": True, "dtype": dtype,
+            "soft_cap": None, "qk_accum": "f32", "flops": 1.0, "bytes": 1.0,
+            "results": {r["impl"]: r for r in results}}
+
+
+def _merged(shapes, impls):
+    return {"suite": SUITE_PREFILL, "impls": impls, "shapes": shapes,
+            "meta": {"date": "2026-01-01", "gpu": "GPU", "command": "cmd", "environment": [],
+                     "unmatched_result_shapes": []}}
+
+
+def self_test():
+    failures = []
+
+    def check(cond, what):
+        print(f"  {'ok  ' if cond else 'FAIL'} {what}")
+        if not cond:
+            failures.append(what)
+
+    print("report self-test:")
+    merged_files = sorted(glob.glob(RESULTS))
+    check(bool(merged_files), f"result files found ({len(merged_files)})")
+    with tempfile.NamedTemporaryFile("r", suffix=".md", dir=os.path.dirname(DOC)) as tmp:
+        status = report.write_doc(tmp.name, merged_files, redraw=False)
+        generated = tmp.read()
+    with open(DOC) as f:
+        committed = f.read()
+    check(status == 0 and generated == committed,
+          "docs/benchmarks.md is what report.py generates from docs/results")
+
+    impls = [report.OURS, IMPL_FI_FA3, IMPL_FA3, IMPL_TORCH_CUDNN]
+    f16 = _shape("f16-x", "f16", [_line("f16-x", report.OURS, 600.0),
+                                  _line("f16-x", IMPL_FI_FA3, 500.0),
+                                  _line("f16-x", IMPL_FA3, None,
+                                        status="missing: fa3-fwd is built without fp16"),
+                                  _line("f16-x", IMPL_TORCH_CUDNN, 400.0, "back-to-back", 80.0)])
+    bf16 = _shape("bf16-x", "bf16", [_line("bf16-x", report.OURS, 700.0, host_us=6.0),
+                                     _line("bf16-x", IMPL_FA3, 560.0, host_us=40.0)])
+    merged = _merged([f16, bf16], impls)
+    rows, summary, notes = report.markdown_table(merged)
+    head = rows[0]
+    for impl in impls:
+        check(f"{impl} host us" in head, f"a host-time column for {impl}")
+    bf16_row = next(r for r in rows if r.startswith("| bf16-x "))
+    check("| 6.0 |" in bf16_row and "| 40.0 |" in bf16_row, "host times in the row")
+    check("1.25x" in bf16_row, "ratio ours/fa3 = 700/560")
+    check("n/a [" in bf16_row and any(IMPL_SCOPE[IMPL_FI_FA3] in n for n in notes),
+          "a peer that runs only some shapes: n/a with its reason")
+    f16_row = next(r for r in rows if r.startswith("| f16-x "))
+    check("400.0 (b2b)" in f16_row, "a back-to-back figure is marked")
+    check(any("missing: fa3-fwd is built without fp16" in n for n in notes),
+          "fa3's missing f16 is a footnote")
+    check(any(s.startswith(f"{report.OURS}/{IMPL_FA3}: geometric mean 1.25x") for s in summary),
+          "the ratio summary")
+    section = report.markdown_section(merged, None, None)
+    check("CUDA graph of N launches" in section and f"({IMPL_TORCH_CUDNN}: cells marked b2b)"
+          in section and "host us = the median wall time" in section,
+          "the method line: graph replay, the back-to-back peer, host time")
+
+    old = json.loads(json.dumps(merged))
+    for s in old["shapes"]:
+        for line in s["results"].values():
+            for field in ("method", "launches", "host_us", "host_calls"):
+                line.pop(field)
+    rows_old, _, _ = report.markdown_table(old)
+    check("host us" not in rows_old[0], "results without host times: no host columns")
+    check("around each launch" in report.markdown_section(old, None, None),
+          "results without a method field: the per-launch method line")
+
+    wrong = json.loads(json.dumps(merged))
+    wrong["shapes"][0]["results"][report.OURS]["status"] = "wrong: rel err 1.0"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "wrong.json")
+        with open(path, "w") as f:
+            json.dump(wrong, f)
+        doc = os.path.join(d, "doc.md")
+        check(report.write_doc(doc, [path], redraw=False) == 1 and not os.path.exists(doc),
+              "a wrong result of ours blocks the document")
+    print(f"report self-test: {'PASS' if not failures else f'FAIL ({len(failures)})'}")
+    return not failures
