@@ -1,6 +1,6 @@
 //! The paged KV cache (host side): paged attention equals ragged attention on the gathered K/V and
 //! the reference on independently built contiguous tensors, for shuffled page tables, page sizes
-//! 1, 16, 64 and random powers of two, NHD and HND, separate and combined K/V; append then gather
+//! 1, 16, 64, random powers of two and other sizes (5, 12, any up to the maximum), NHD and HND, separate and combined K/V; append then gather
 //! equals the old tokens followed by the new ones; every validation path names its field; random
 //! garbage tables are errors, never panics.
 
@@ -9,7 +9,7 @@ use attnforge::cpu;
 use attnforge::dtype::DType;
 use attnforge::paged::{
     append_paged_kv, gather, gather_dequantized, KvOrder, KvStorage, PageTable, PagedAttention,
-    PagedCache, PagedKv, PagedKvLayout, PagedKvMut,
+    PagedCache, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE,
 };
 use attnforge::problem::{AttentionProblem, HeadDims, InvalidProblem, Variant};
 use attnforge::reference;
@@ -136,7 +136,10 @@ fn spec() -> impl Strategy<Value = Spec> {
         Just(1usize),
         Just(16),
         Just(64),
-        (0u32..=8).prop_map(|k| 1usize << k)
+        (0u32..=8).prop_map(|k| 1usize << k),
+        Just(5),
+        Just(12),
+        1usize..=MAX_PAGE_SIZE,
     ];
     let variants = prop_oneof![
         Just(VariantSpec::None),
@@ -232,7 +235,7 @@ proptest! {
     #[test]
     fn append_then_gather_is_old_then_new(
         lens in prop::collection::vec((0usize..40, 0usize..20), 1..5),
-        page_size in (0u32..=6).prop_map(|k| 1usize << k),
+        page_size in prop_oneof![(0u32..=6).prop_map(|k| 1usize << k), Just(5), 1usize..=40],
         hnd in any::<bool>(),
         combined in any::<bool>(),
         seed in any::<u64>(),
@@ -346,7 +349,7 @@ fn expect_gather(l: &PagedKvLayout, t: &PageTable, field: &str) -> InvalidProble
 #[test]
 fn layout_errors() {
     let (l, t) = small();
-    for bad in [0, 3, 48, 512] {
+    for bad in [0, MAX_PAGE_SIZE + 1, 512] {
         expect_gather(
             &PagedKvLayout {
                 page_size: bad,

@@ -1,21 +1,20 @@
-"""Arrays in and out of the native module: descriptors, allocation, streams.
+"""Arrays in and out of the native module: element types, allocation, streams.
 
-The native module takes every array as ``(address, shape, strides, dtype, device)``, strides in
-elements and device -1 for host memory. This module builds those descriptors from numpy arrays
-and torch tensors (read through their public Python attributes only: no dependency on torch's
-C++ ABI), allocates outputs with the caller's library on the caller's device, and finds the
-CUDA stream to launch on (torch's current stream).
+The native module reads numpy arrays and torch tensors itself (a tensor through its public
+Python attributes only: no dependency on torch's C++ ABI). This module checks arrays where the
+Python layer needs their shapes first, allocates outputs with the caller's library on the
+caller's device, and finds the CUDA stream to launch on (torch's current stream).
 """
 
 import math
 
 import numpy as np
 
+from . import _native
+
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 
-_NUMPY_DTYPES = {"float16": "f16", "float32": "f32"}
-_TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 
 def is_torch(x):
@@ -23,79 +22,61 @@ def is_torch(x):
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "data_ptr")
 
 
-def _torch_dtype_name(x):
-    return str(x.dtype).replace("torch.", "")
-
-
-def dtype_name(x):
-    """attnforge's name of the element type of ``x`` (``f16``, ``bf16``, ``f32``) or ``None``."""
-    if is_torch(x):
-        return _TORCH_DTYPES.get(_torch_dtype_name(x))
-    if isinstance(x, np.ndarray):
-        return _NUMPY_DTYPES.get(x.dtype.name)
-    return None
-
-
-def describe(x, name):
-    """The native descriptor of ``x``; ``TypeError`` for anything but a numpy array or a torch
-    tensor, ``ValueError`` for an element type attnforge does not take."""
-    dtype = dtype_name(x)
-    if is_torch(x):
-        if dtype is None:
-            raise ValueError(
-                f"invalid {name}: has dtype {x.dtype}; expected float16, bfloat16 or float32"
-            )
-        device = -1 if x.device.type == "cpu" else (x.device.index or 0)
-        if x.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"invalid {name}: is on {x.device}; expected cpu or cuda")
-        return (x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype, device)
-    if isinstance(x, np.ndarray):
-        if dtype is None:
-            raise ValueError(f"invalid {name}: has dtype {x.dtype}; expected float16 or float32")
-        size = x.dtype.itemsize
-        if any(s % size for s in x.strides):
-            raise ValueError(f"invalid {name}: strides {x.strides} are not whole elements")
-        strides = tuple(s // size for s in x.strides)
-        return (x.__array_interface__["data"][0], x.shape, strides, dtype, -1)
-    raise TypeError(f"{name} must be a numpy array or a torch tensor, not {type(x).__name__}")
-
-
-def describe_out(x, name):
-    """``describe`` for an array the native module writes."""
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        raise ValueError(f"invalid {name}: the array is read-only")
-    return describe(x, name)
+def checked_dtype(x, name):
+    """attnforge's name of the element type of ``x`` (``f16``, ``bf16``, ``f32``), read as the
+    native module reads every array: ``TypeError`` for anything but a numpy array or a torch
+    tensor, ``ValueError`` for an element type or device attnforge does not take. For the
+    Python layer, which reads shapes before the native call."""
+    return _native.describe(x, name)[3]
 
 
 def device_of(x):
     """The CUDA ordinal of ``x``, or -1 for host memory."""
-    if is_torch(x) and x.device.type == "cuda":
-        return x.device.index or 0
+    if is_torch(x) and x.is_cuda:
+        return x.get_device()
     return -1
 
 
-def stream_of(x):
-    """The handle of torch's current CUDA stream on ``x``'s device; 0 for host arrays."""
-    if device_of(x) < 0:
-        return 0
+# torch's current raw stream of a device, as a function of the ordinal: the fast private
+# ``torch._C._cuda_getCurrentRawStream`` where torch has it, else the public
+# ``torch.cuda.current_stream(ordinal).cuda_stream``. Found on first use.
+_raw_stream = None
+
+
+def _find_raw_stream():
     import torch
 
-    return torch.cuda.current_stream(x.device).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream
+
+
+def current_stream(ordinal):
+    """The handle of torch's current CUDA stream on device ``ordinal``; 0 for host (-1)."""
+    global _raw_stream
+    if ordinal < 0:
+        return 0
+    if _raw_stream is None:
+        _raw_stream = _find_raw_stream()
+    return _raw_stream(ordinal)
 
 
 def empty(like, shape, float32=False):
     """An uninitialised array of ``shape`` with the library, device and dtype of ``like``
     (float32 when asked)."""
-    if is_torch(like):
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+    if float32:
         import torch
 
-        dtype = torch.float32 if float32 else like.dtype
-        return torch.empty(tuple(shape), dtype=dtype, device=like.device)
-    return np.empty(tuple(shape), dtype=np.float32 if float32 else like.dtype)
+        return like.new_empty(shape, dtype=torch.float32)
+    return like.new_empty(shape)
 
 
-def from_list(like, values):
-    """A float32 1-d array of ``values`` in the library and on the device of ``like``."""
+def float32_array(like, values):
+    """A float32 array of ``values`` (a list or a numpy array) in the library and on the device
+    of ``like``."""
     if is_torch(like):
         import torch
 
@@ -129,6 +110,16 @@ def int_list(x, name):
     if arr.dtype.kind not in "iu":
         raise ValueError(f"invalid {name}: has dtype {arr.dtype}; expected integers")
     return [int(i) for i in arr.reshape(-1).tolist()]
+
+
+def float_list(x, name):
+    """The floats of a 1-d array (numpy, torch on any device, or a sequence)."""
+    if is_torch(x):
+        return [float(f) for f in x.detach().float().cpu().reshape(-1).tolist()]
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"invalid {name}: has dtype {arr.dtype}; expected numbers")
+    return [float(f) for f in arr.reshape(-1).tolist()]
 
 
 def bool_numpy(x):

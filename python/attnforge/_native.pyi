@@ -1,13 +1,16 @@
 """Type hints of the native module (private: attnforge.flashinfer is its only caller)."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+# A numpy array or a torch tensor (read through its public attributes).
+Array = Any
 # (address, shape, strides in elements, dtype name, CUDA ordinal or -1)
-ArrayArg = Tuple[int, Sequence[int], Sequence[int], str, int]
+Descriptor = Tuple[int, List[int], List[int], str, int]
 
 __version__: str
 
 def cuda_available() -> bool: ...
+def describe(obj: Array, name: str) -> Descriptor: ...
 
 class RaggedPlan:
     def __init__(
@@ -20,11 +23,11 @@ class RaggedPlan:
     ) -> None: ...
     def run(
         self,
-        q: ArrayArg,
-        k: ArrayArg,
-        v: ArrayArg,
-        o: ArrayArg,
-        lse: Optional[ArrayArg],
+        q: Array,
+        k: Array,
+        v: Array,
+        o: Array,
+        lse: Optional[Array],
         stream: int,
     ) -> None: ...
 
@@ -42,30 +45,30 @@ class PagedPlan:
     ) -> None: ...
     def run(
         self,
-        q: ArrayArg,
-        cache: List[ArrayArg],
-        o: ArrayArg,
-        lse: Optional[ArrayArg],
+        q: Array,
+        cache: Union[Array, Sequence[Array]],
+        o: Array,
+        lse: Optional[Array],
         stream: int,
     ) -> None: ...
 
 def merge_state(
-    v_a: ArrayArg,
-    s_a: ArrayArg,
-    v_b: ArrayArg,
-    s_b: ArrayArg,
-    v_out: ArrayArg,
-    s_out: ArrayArg,
+    v_a: Array,
+    s_a: Array,
+    v_b: Array,
+    s_b: Array,
+    v_out: Array,
+    s_out: Array,
     stream: int,
 ) -> None: ...
 def merge_states(
-    v: ArrayArg, s: ArrayArg, v_out: ArrayArg, s_out: ArrayArg, stream: int
+    v: Array, s: Array, v_out: Array, s_out: Array, stream: int
 ) -> None: ...
 def append_paged_kv(
-    k_new: ArrayArg,
-    v_new: ArrayArg,
+    k_new: Array,
+    v_new: Array,
     append_indptr: List[int],
-    cache: List[ArrayArg],
+    cache: Union[Array, Sequence[Array]],
     kv_layout: str,
     kv_page_indptr: List[int],
     kv_page_indices: List[int],

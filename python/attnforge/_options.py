@@ -53,7 +53,7 @@ def check_common(
         refuse("backend", backend, f"attnforge runs its own kernels; accepted: {_BACKENDS}")
 
 
-def check_run(args, q_scale=None, k_scale=None, v_scale=None, enable_pdl=None, sinks=None):
+def check_run(args, q_scale=None, k_scale=None, v_scale=None, enable_pdl=None):
     """The arguments of ``run`` that attnforge does not take."""
     if args:
         refuse("*args", args, "extra positional arguments feed FlashInfer's JIT variants")
@@ -61,7 +61,6 @@ def check_run(args, q_scale=None, k_scale=None, v_scale=None, enable_pdl=None, s
         q_scale=(q_scale, "fp8 inputs are not supported yet"),
         k_scale=(k_scale, "fp8 inputs are not supported yet"),
         v_scale=(v_scale, "fp8 inputs are not supported yet"),
-        sinks=(sinks, "attention sinks are in attnforge's native API only"),
     )
     if enable_pdl:
         refuse("enable_pdl", enable_pdl, "programmatic dependent launch is not used")

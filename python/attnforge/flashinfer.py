@@ -16,6 +16,8 @@ implement raises ``NotImplementedError`` naming it; bad input raises ``ValueErro
 import collections
 import functools
 
+import numpy as np
+
 from . import _arrays as A
 from . import _native
 from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
@@ -54,22 +56,14 @@ def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
     return out, lse
 
 
-def _finish(out, lse, return_lse):
-    """Converts the natural-log LSE to FlashInfer's base 2, in place, and returns."""
+def _finish(out, lse, return_lse, shift=None):
+    """Shifts the LSE to FlashInfer's ALiBi convention (``shift``, an ``_LseShift``, when
+    given), converts it from natural log to FlashInfer's base 2, in place, and returns."""
     if lse is not None:
+        if shift is not None:
+            lse += shift.like(lse)
         lse *= A.LOG2E
     return (out, lse) if return_lse else out
-
-
-def _run_ragged(plan, q, k, v, out, lse):
-    plan.run(
-        A.describe(q, "q"),
-        A.describe(k, "k"),
-        A.describe(v, "v"),
-        A.describe_out(out, "out"),
-        None if lse is None else A.describe_out(lse, "lse"),
-        A.stream_of(q),
-    )
 
 
 def _check_o_dtype(o_dtype, q):
@@ -77,36 +71,71 @@ def _check_o_dtype(o_dtype, q):
         refuse("o_dtype", o_dtype, "the output has the dtype of q")
 
 
-# The plans of single_prefill_with_kv_cache, by everything they depend on, most recently used
-# last: repeated calls of one shape neither plan again nor wait for the device (replacing a plan
-# waits for the device to be idle, since a launch may still read its arrays). A call with a
-# custom mask, which the plan uploads, plans each time.
+class _LseShift:
+    """What turns attnforge's ALiBi LSEs into FlashInfer's. attnforge's bias is
+    ``slope * (j - (i + kv_len - qo_len))`` (query ``i`` at its position among the keys),
+    FlashInfer's ``slope * (j - i)`` (``i`` the query's index in its request; 0 in decode): the
+    same softmax, and LSEs apart by ``slope * (kv_len - qo_len)`` per request and head. Holds
+    those shifts (a float32 numpy array, ``[heads]`` or ``[rows, heads]``) and their copy in
+    each library and device they are added on."""
+
+    def __init__(self, values):
+        self.values, self._arrays = values, {}
+
+    @staticmethod
+    def of_batch(slopes, qo_indptr, kv_indptr):
+        """The shifts of every query row of a batch; ``None`` without ALiBi."""
+        if slopes is None:
+            return None
+        rows = np.zeros((qo_indptr[-1], len(slopes)), np.float32)
+        slopes = np.asarray(slopes, np.float32)
+        for r in range(len(qo_indptr) - 1):
+            qo, kv = qo_indptr[r + 1] - qo_indptr[r], kv_indptr[r + 1] - kv_indptr[r]
+            rows[qo_indptr[r] : qo_indptr[r + 1]] = slopes * (kv - qo)
+        return _LseShift(rows)
+
+    def like(self, lse):
+        key = (type(lse), A.device_of(lse))
+        array = self._arrays.get(key)
+        if array is None:
+            array = self._arrays[key] = A.float32_array(lse, self.values)
+        return array
+
+
+def _slopes(pos_encoding_mode, num_qo_heads):
+    """FlashInfer's ALiBi slopes with ``pos_encoding_mode="ALIBI"``, else ``None``."""
+    return alibi_slopes(int(num_qo_heads)) if pos_encoding_mode == "ALIBI" else None
+
+
+class _SinglePlan:
+    """A plan of ``single_prefill_with_kv_cache`` with what its calls need beside it."""
+
+    __slots__ = ("plan", "device", "qo_len", "num_qo_heads", "head_dim_vo", "shift")
+
+    def __init__(self, plan, device, qo_len, num_qo_heads, head_dim_vo, shift):
+        self.plan, self.device = plan, device
+        self.qo_len, self.num_qo_heads, self.head_dim_vo = qo_len, num_qo_heads, head_dim_vo
+        self.shift = shift  # an _LseShift with ALiBi, else None
+
+
+# The plans of single_prefill_with_kv_cache, by the call's arguments, most recently used last:
+# repeated calls of one shape neither plan again nor wait for the device (replacing a plan waits
+# for the device to be idle, since a launch may still read its arrays), and skip re-deriving the
+# options. A call with a custom mask, which the plan uploads, plans each time.
 _SINGLE_PLANS = collections.OrderedDict()
 # Plans kept: a few shapes of a model's layers and batch sizes, each plan a few small arrays.
 _SINGLE_PLANS_MAX = 32
 
 
-def _single_plan(qo_indptr, kv_indptr, options, device):
-    if options["packed_mask"] is not None:
-        return _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
-    key = (
-        tuple(qo_indptr),
-        tuple(kv_indptr),
-        device,
-        tuple(
-            (name, tuple(value) if isinstance(value, list) else value)
-            for name, value in sorted(options.items())
-        ),
-    )
-    plan = _SINGLE_PLANS.get(key)
-    if plan is None:
-        plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
-        _SINGLE_PLANS[key] = plan
-        if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
-            _SINGLE_PLANS.popitem(last=False)
-    else:
-        _SINGLE_PLANS.move_to_end(key)
-    return plan
+def _single_key(q, k, v, options):
+    """The plan cache key of a call: the arrays' shapes, q's dtype and device, and the other
+    arguments (``options``); ``None`` when they do not make a key (not arrays, or unhashable)."""
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, A.device_of(q)) + options
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 
 def single_prefill_with_kv_cache(
@@ -134,6 +163,70 @@ def single_prefill_with_kv_cache(
     """Attention of one request: ``q [qo_len, Hq, Dqk]`` over ``k``, ``v`` (``[kv_len, Hkv, D]``
     for NHD, ``[Hkv, kv_len, D]`` for HND). Returns ``o [qo_len, Hq, Dvo]``, or ``(o, lse)``
     with the base-2 LSE ``[qo_len, Hq]`` when ``return_lse``."""
+    key = entry = None
+    if custom_mask is None and packed_custom_mask is None:
+        options = (kv_layout, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale)
+        options += (window_left, logits_soft_cap, backend, o_dtype, scale_q, scale_k, scale_v)
+        key = _single_key(q, k, v, options + (rope_scale, rope_theta))
+        entry = None if key is None else _SINGLE_PLANS.get(key)
+    if entry is None:
+        entry = _single_plan(
+            q,
+            k,
+            v,
+            scale_q,
+            scale_k,
+            scale_v,
+            o_dtype,
+            custom_mask,
+            packed_custom_mask,
+            causal,
+            kv_layout,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            rope_scale,
+            rope_theta,
+            backend,
+        )
+        if key is not None:
+            _SINGLE_PLANS[key] = entry
+            if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
+                _SINGLE_PLANS.popitem(last=False)
+    else:
+        _SINGLE_PLANS.move_to_end(key)
+    if kv_layout == "HND":
+        k, v = A.swap01(k), A.swap01(v)
+    shape = (entry.qo_len, entry.num_qo_heads, entry.head_dim_vo)
+    out, lse = _outputs(q, *shape, None, None, return_lse)
+    entry.plan.run(q, k, v, out, lse, A.current_stream(entry.device))
+    return _finish(out, lse, return_lse, entry.shift)
+
+
+def _single_plan(
+    q,
+    k,
+    v,
+    scale_q,
+    scale_k,
+    scale_v,
+    o_dtype,
+    custom_mask,
+    packed_custom_mask,
+    causal,
+    kv_layout,
+    pos_encoding_mode,
+    use_fp16_qk_reduction,
+    sm_scale,
+    window_left,
+    logits_soft_cap,
+    rope_scale,
+    rope_theta,
+    backend,
+):
+    """Checks a call of ``single_prefill_with_kv_cache`` and plans it."""
     check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
     refuse_set(
         scale_q=(scale_q, "fp8 inputs are not supported yet"),
@@ -144,21 +237,21 @@ def single_prefill_with_kv_cache(
     _check_kv_layout(kv_layout)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
-    for name, x, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3)):
-        A.describe(x, name)
-        if len(x.shape) != rank:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        A.checked_dtype(x, name)
+        if len(x.shape) != 3:
             raise ValueError(f"invalid {name}: has shape {tuple(x.shape)}; expected 3 dimensions")
-    qo_len, num_qo_heads, head_dim_qk = q.shape
-    kv_len, num_kv_heads, _ = k.shape
-    head_dim_vo = v.shape[2]
-    qo_indptr, kv_indptr = [0, int(qo_len)], [0, int(kv_len)]
-    slopes = alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None
+    qo_len, num_qo_heads, head_dim_qk = (int(n) for n in q.shape)
+    kv_len, num_kv_heads, _ = (int(n) for n in k.shape)
+    head_dim_vo = int(v.shape[2])
+    qo_indptr, kv_indptr = [0, qo_len], [0, kv_len]
+    slopes = _slopes(pos_encoding_mode, num_qo_heads)
     options = spec(
         num_qo_heads,
         num_kv_heads,
         head_dim_qk,
         head_dim_vo,
-        A.dtype_name(q),
+        A.checked_dtype(q, "q"),
         qo_indptr,
         kv_indptr,
         causal,
@@ -170,15 +263,10 @@ def single_prefill_with_kv_cache(
         packed_custom_mask,
         slopes,
     )
-    plan = _single_plan(qo_indptr, kv_indptr, options, A.device_of(q))
-    out, lse = _outputs(q, qo_len, num_qo_heads, head_dim_vo, None, None, return_lse)
-    _run_ragged(plan, q, k, v, out, lse)
-    if lse is not None and slopes is not None:
-        # attnforge's ALiBi bias is slope * (j - (i + kv_len - qo_len)), FlashInfer's
-        # slope * (j - i): the same softmax, and LSEs apart by slope * (kv_len - qo_len).
-        shift = A.from_list(lse, [s * (kv_len - qo_len) for s in slopes])
-        lse += shift
-    return _finish(out, lse, return_lse)
+    device = A.device_of(q)
+    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
+    shift = _LseShift.of_batch(slopes, qo_indptr, kv_indptr)
+    return _SinglePlan(plan, device, qo_len, num_qo_heads, head_dim_vo, shift)
 
 
 single_prefill_with_kv_cache_return_lse = functools.partial(
@@ -206,16 +294,18 @@ def single_decode_with_kv_cache(
     """Decode attention of one request: ``q [Hq, D]`` (the request's newest token) over ``k``,
     ``v`` as in ``single_prefill_with_kv_cache``. Returns ``o [Hq, Dvo]``, or ``(o, lse)`` with
     the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
-    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel)."""
+    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel);
+    with ALiBi the LSE follows FlashInfer's decode bias ``slope * j``, as the prefill's
+    ``slope * (j - i)`` with ``i = 0``."""
     refuse_set(
         q_scale=(q_scale, "fp8 inputs are not supported yet"),
         k_scale=(k_scale, "fp8 inputs are not supported yet"),
         v_scale=(v_scale, "fp8 inputs are not supported yet"),
     )
-    A.describe(q, "q")
+    A.checked_dtype(q, "q")
     if len(q.shape) != 2:
         raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
-    o, lse = single_prefill_with_kv_cache(
+    o = single_prefill_with_kv_cache(
         q[None],
         k,
         v,
@@ -227,14 +317,16 @@ def single_decode_with_kv_cache(
         logits_soft_cap=logits_soft_cap,
         rope_scale=rope_scale,
         rope_theta=rope_theta,
-        return_lse=True,
+        return_lse=return_lse,
     )
-    if pos_encoding_mode == "ALIBI":
-        # The prefill's LSE follows FlashInfer's prefill bias slope * (j - i) with i = 0; the
-        # decode's query sits at kv_len - 1, so its bias and LSE are attnforge's own.
-        kv_len = k.shape[0] if kv_layout == "NHD" else k.shape[1]
-        lse -= A.from_list(lse, [s * (kv_len - 1) for s in alibi_slopes(q.shape[0])])
-    return (o[0], lse[0]) if return_lse else o[0]
+    if return_lse:
+        o, lse = o
+        return o[0], lse[0]
+    return o[0]
+
+
+# Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
+_SINK_PLANS_MAX = 4
 
 
 class _Wrapper:
@@ -243,6 +335,7 @@ class _Wrapper:
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
         _check_kv_layout(kv_layout)
         check_common(backend=backend)
+        self._lse_shift = None
         if use_cuda_graph:
             refuse(
                 "use_cuda_graph",
@@ -267,15 +360,28 @@ class _Wrapper:
             raise RuntimeError("run() before plan(): call plan() first")
         return self._plan
 
-    def _check_dtypes(self, q, kv):
-        if A.dtype_name(q) != self._dtype:
-            raise ValueError(
-                f"invalid q: has dtype {q.dtype}; the plan's q_data_type is {self._dtype}"
+    def _keep_paged(self, native, qo, indptr, indices, last, page_size, options):
+        """Keeps what a plan with sinks (``run(sinks=)``) is made from."""
+        self._paged_args = (qo, indptr, indices, last, page_size, options)
+        self._sink_plans = {}
+        return native
+
+    def _sink_plan(self, sinks):
+        """The plan of the planned batch with attention sinks ``sinks`` (one logit per query
+        head): read on the host (a device-to-host copy on a GPU), planned on first use of those
+        values, the last few kept."""
+        values = tuple(A.float_list(sinks, "sinks"))
+        plan = self._sink_plans.get(values)
+        if plan is None:
+            qo, indptr, indices, last, page_size, options = self._paged_args
+            options = dict(options, sinks=list(values))
+            plan = _native.PagedPlan(
+                qo, indptr, indices, last, page_size, self._kv_layout, options, self._device
             )
-        if A.dtype_name(kv) != self._dtype:
-            raise ValueError(
-                f"invalid paged_kv_cache: has dtype {kv.dtype}; the plan's is {self._dtype}"
-            )
+            if len(self._sink_plans) >= _SINK_PLANS_MAX:
+                self._sink_plans.pop(next(iter(self._sink_plans)))
+            self._sink_plans[values] = plan
+        return plan
 
     def _plan_dtype(self, q_data_type, kv_data_type):
         q = dtype_code(q_data_type, "q_data_type")
@@ -284,57 +390,15 @@ class _Wrapper:
             refuse("kv_data_type", kv_data_type, "q and the KV cache share one dtype")
         self._dtype = q
 
-    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left):
+    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks):
         plan, total_qo, num_qo_heads, head_dim_vo, planned_window = self._planned()
         if window_left is not None and window_left != planned_window:
             refuse("window_left", window_left, "the window is fixed by plan()")
-        cache = _cache_args(paged_kv_cache)
-        pair = isinstance(paged_kv_cache, (tuple, list))
-        self._check_dtypes(q, paged_kv_cache[0] if pair else paged_kv_cache)
+        if sinks is not None:
+            plan = self._sink_plan(sinks)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
-        plan.run(
-            A.describe(q, "q"),
-            cache,
-            A.describe_out(out, "out"),
-            None if lse is None else A.describe_out(lse, "lse"),
-            A.stream_of(q),
-        )
-        return _finish(out, lse, return_lse)
-
-
-def _cache_args(paged_kv_cache):
-    """The native descriptors of a paged cache: one combined array, or K and V. A (K, V) pair
-    that is the two halves of one combined array (``kv[:, 0]``, ``kv[:, 1]``) is passed as that
-    array, so the CUDA kernels read it in place."""
-    if not isinstance(paged_kv_cache, (tuple, list)):
-        return [A.describe(paged_kv_cache, "paged_kv_cache")]
-    if len(paged_kv_cache) != 2:
-        raise ValueError(
-            f"invalid paged_kv_cache: a tuple of {len(paged_kv_cache)} arrays; expected (k, v)"
-        )
-    k = A.describe(paged_kv_cache[0], "paged_kv_cache[0]")
-    v = A.describe(paged_kv_cache[1], "paged_kv_cache[1]")
-    (ka, kshape, kstr, kdt, kdev), (va, vshape, vstr, _, _) = k, v
-    size = {"f16": 2, "bf16": 2, "f32": 4}[kdt]
-    half = 1
-    for n in kshape[1:]:
-        half *= n
-    inner = [1]
-    for n in reversed(kshape[2:]):
-        inner.insert(0, inner[0] * n)
-    if (
-        kshape == vshape
-        and kstr == vstr
-        and len(kshape) == 4
-        and kshape[0] > 1
-        and kstr[0] == 2 * half
-        and tuple(kstr[1:]) == tuple(inner)
-        and va - ka == half * size
-    ):
-        shape = (kshape[0], 2) + tuple(kshape[1:])
-        strides = (2 * half, half) + tuple(kstr[1:])
-        return [(ka, shape, strides, kdt, kdev)]
-    return [k, v]
+        plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device))
+        return _finish(out, lse, return_lse, self._lse_shift)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
@@ -386,7 +450,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
     ):
         """Plans the batch: validates it, and on a GPU compiles the kernel and uploads the
         index arrays, so that ``run`` only launches."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(
             prefix_len_ptr,
             token_pos_in_items_ptr,
@@ -399,6 +463,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         kv = A.int_list(kv_indptr, "kv_indptr")
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         options = spec(
             num_qo_heads,
             num_kv_heads,
@@ -414,21 +479,22 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             use_fp16_qk_reduction,
             custom_mask,
             packed_custom_mask,
+            slopes,
         )
         native = _native.RaggedPlan(qo, kv, options, self._device)
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
-        check_run(args, enable_pdl=enable_pdl)
+        if args or enable_pdl:
+            check_run(args, enable_pdl=enable_pdl)
         native, total_qo, num_qo_heads, head_dim_vo, _ = self._planned()
-        if A.dtype_name(q) != self._dtype:
-            raise ValueError(f"invalid q: has dtype {q.dtype}; the plan's is {self._dtype}")
         if self._kv_layout == "HND":
             k, v = A.swap01(k), A.swap01(v)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
-        _run_ragged(native, q, k, v, out, lse)
-        return _finish(out, lse, return_lse)
+        native.run(q, k, v, out, lse, A.current_stream(self._device))
+        return _finish(out, lse, return_lse, self._lse_shift)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -512,7 +578,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         disable_split_kv=False,
     ):
         """Plans the batch over the page table."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(
             prefix_len_ptr,
             token_pos_in_items_ptr,
@@ -536,6 +602,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         indices = A.int_list(paged_kv_indices, "paged_kv_indices")
         last = A.int_list(paged_kv_last_page_len, "paged_kv_last_page_len")
         kv = _kv_indptr(indptr, last, int(page_size))
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         options = spec(
             num_qo_heads,
             num_kv_heads,
@@ -551,11 +618,21 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             use_fp16_qk_reduction,
             custom_mask,
             packed_custom_mask,
+            slopes,
         )
-        native = _native.PagedPlan(
-            qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+        native = self._keep_paged(
+            _native.PagedPlan(
+                qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+            ),
+            qo,
+            indptr,
+            indices,
+            last,
+            int(page_size),
+            options,
         )
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(
         self,
@@ -572,9 +649,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         window_left=None,
         sinks=None,
     ):
-        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
-        check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+        """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
+        (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
+        they are read on the host, so such a call does not belong in a graph capture."""
+        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
+            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -636,7 +716,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         disable_split_kv=False,
     ):
         """Plans one query per request over the page table."""
-        check_common(pos_encoding_mode, rope_scale, rope_theta)
+        check_common(pos_encoding_mode, rope_scale, rope_theta, alibi=True)
         _refuse_plan_extras(fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
         reason = "these arguments feed FlashInfer's trtllm-gen backend"
         refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
@@ -646,6 +726,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         page_indptr = A.int_list(indptr, "indptr")
         batch = len(page_indptr) - 1
         qo = list(range(batch + 1))
+        kv = _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size))
+        slopes = _slopes(pos_encoding_mode, num_qo_heads)
         # One query at the last position sees every key: causal only matters for the window.
         options = spec(
             num_qo_heads,
@@ -654,23 +736,26 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             head_dim,
             self._dtype,
             qo,
-            _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size)),
+            kv,
             causal=int(window_left) >= 0,
             window_left=window_left,
             logits_soft_cap=logits_soft_cap,
             sm_scale=sm_scale,
+            alibi_slopes=slopes,
         )
-        native = _native.PagedPlan(
+        table = (A.int_list(indices, "indices"), A.int_list(last_page_len, "last_page_len"))
+        native = self._keep_paged(
+            _native.PagedPlan(
+                qo, page_indptr, *table, int(page_size), self._kv_layout, options, self._device
+            ),
             qo,
             page_indptr,
-            A.int_list(indices, "indices"),
-            A.int_list(last_page_len, "last_page_len"),
+            *table,
             int(page_size),
-            self._kv_layout,
             options,
-            self._device,
         )
         self._plan = (native, batch, int(num_qo_heads), int(head_dim), int(window_left))
+        self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
     def run(
         self,
@@ -688,11 +773,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         sinks=None,
         q_len_per_req=1,
     ):
-        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
-        check_run(args, q_scale, k_scale, v_scale, enable_pdl, sinks)
+        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
+        (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
+        they are read on the host, so such a call does not belong in a graph capture."""
+        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
+            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
         if q_len_per_req not in (None, 1):
             refuse("q_len_per_req", q_len_per_req, "decode takes one query per request")
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left)
+        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -751,13 +839,7 @@ def merge_state(v_a, s_a, v_b, s_b):
     # The natural-log copies stay referenced until the call returns.
     ln_a, ln_b = _lse_to_natural(s_a), _lse_to_natural(s_b)
     _native.merge_state(
-        A.describe(v_a, "v_a"),
-        A.describe(ln_a, "s_a"),
-        A.describe(v_b, "v_b"),
-        A.describe(ln_b, "s_b"),
-        A.describe_out(v_out, "v_out"),
-        A.describe_out(s_out, "s_out"),
-        A.stream_of(v_a),
+        v_a, ln_a, v_b, ln_b, v_out, s_out, A.current_stream(A.device_of(v_a))
     )
     s_out *= A.LOG2E
     return v_out, s_out
@@ -781,13 +863,7 @@ def merge_states(v, s):
     v_out = A.empty(v, (seq, heads, dim))
     s_out = A.empty(v, (seq, heads), float32=True)
     ln_s = _lse_to_natural(s)  # referenced until the call returns
-    _native.merge_states(
-        A.describe(v, "v"),
-        A.describe(ln_s, "s"),
-        A.describe_out(v_out, "v_out"),
-        A.describe_out(s_out, "s_out"),
-        A.stream_of(v),
-    )
+    _native.merge_states(v, ln_s, v_out, s_out, A.current_stream(A.device_of(v)))
     s_out *= A.LOG2E
     return v_out, s_out
 
@@ -817,11 +893,9 @@ def append_paged_kv_cache(
         raise ValueError(
             f"invalid positions: has {len(pos)} entries; batch_indices has {len(batch)}"
         )
-    first = A.describe(
-        paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache,
-        "paged_kv_cache",
-    )
-    shape = first[1]
+    first = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
+    A.checked_dtype(first, "paged_kv_cache")
+    shape = first.shape
     page_size = shape[-2] if kv_layout == "HND" else shape[-3]
     kv_lens = _kv_indptr(page_indptr, last, page_size)
     counts = [0] * (len(page_indptr) - 1)
@@ -849,15 +923,15 @@ def append_paged_kv_cache(
         for x in (append_key, append_value)
     )
     _native.append_paged_kv(
-        A.describe(append_key, "append_key"),
-        A.describe(append_value, "append_value"),
+        append_key,
+        append_value,
         append_indptr,
-        _cache_args(paged_kv_cache),
+        paged_kv_cache,
         kv_layout,
         page_indptr,
         A.int_list(kv_indices, "kv_indices"),
         last,
-        A.stream_of(append_key),
+        A.current_stream(A.device_of(append_key)),
     )
 
 

@@ -2,9 +2,11 @@
 FA3 (each where it can be imported), on bf16, head dim 128, 32 query heads over 8 KV heads,
 causal, one request of 4096 tokens and one of 512.
 
-Calls: ``single_prefill_with_kv_cache`` (plans and runs in one call) and
+Calls: ``single_prefill_with_kv_cache`` (plans and runs in one call),
 ``BatchPrefillWithRaggedKVCacheWrapper.run`` after an untimed ``plan`` (one request of the same
-length), for attnforge and for FlashInfer (its FA2 backend, as bench/peers.py times it); FA3's
+length) and ``BatchDecodeWithPagedKVCacheWrapper.run`` after an untimed ``plan`` (DECODE_BATCH
+requests of that many keys in pages of PAGE_SIZE, K and V in one tensor), for attnforge and for
+FlashInfer (its FA2 backend for the prefills, as bench/peers.py times it); FA3's
 ``flash_attn_func`` and, when the module has it, ``flash_attn_varlen_func``. Each call allocates
 its output, as a caller's would.
 
@@ -55,6 +57,7 @@ MIN_SPIN_MS = 5.0
 MAX_SPIN_MS = 2000.0
 GRAPH_REPLAYS = 10
 WORKSPACE_BYTES = 128 << 20
+DECODE_BATCH, PAGE_SIZE = 32, 16
 DEVICE = "cuda"
 IMPLS = ("attnforge", "flashinfer", "fa3")
 
@@ -198,7 +201,33 @@ def flashinfer_api_calls(fi, seq, backend):
             lambda: fi.single_prefill_with_kv_cache(q, k, v, causal=True, **extra),
         ),
         ("BatchPrefillWithRaggedKVCacheWrapper.run", lambda: wrapper.run(q, k, v)),
+        decode_call(fi, seq, workspace),
     ]
+
+
+def decode_call(fi, seq, workspace):
+    """One decode step of DECODE_BATCH requests of ``seq`` keys each over a paged cache."""
+    pages = -(-seq // PAGE_SIZE)
+    total = DECODE_BATCH * pages
+    kv = torch.randn(
+        total, 2, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE
+    )
+    indptr = torch.arange(0, total + 1, pages, dtype=torch.int32, device=DEVICE)
+    indices = torch.arange(total, dtype=torch.int32, device=DEVICE)
+    last = torch.full((DECODE_BATCH,), seq - (pages - 1) * PAGE_SIZE, dtype=torch.int32)
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(
+        indptr,
+        indices,
+        last.to(DEVICE),
+        NUM_QO_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        PAGE_SIZE,
+        q_data_type=torch.bfloat16,
+    )
+    q = torch.randn(DECODE_BATCH, NUM_QO_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    return ("BatchDecodeWithPagedKVCacheWrapper.run", lambda: wrapper.run(q, kv))
 
 
 def fa3_calls(fa3, seq):

@@ -1,72 +1,120 @@
 //! Array descriptors, and strided reads and writes of host arrays.
 //!
-//! Python hands every array over as `(address, shape, strides, dtype, device)`: the address of
-//! element 0, strides in elements (not bytes), a dtype name (`f16`, `bf16`, `f32`, `i32`, `u8`)
-//! and the CUDA ordinal, or -1 for host memory. The package's Python layer builds each
-//! descriptor from a live numpy array or torch tensor and keeps the array alive for the call;
-//! that is the contract the `unsafe` reads and writes below rely on.
+//! Python hands every array over as the array object itself: a torch tensor (read through its
+//! public attributes `data_ptr()`, `shape`, `stride()`, `dtype`, `is_cuda`, `get_device()`, so
+//! nothing here depends on torch's binary interface) or a numpy array (read through its
+//! `__array_struct__`). [`ArrayArg`] is what is read: the address of element 0, the shape,
+//! strides in elements (not bytes), the dtype and the CUDA ordinal, or none for host memory.
+//! The caller keeps the array alive for the call; that is the contract the `unsafe` reads and
+//! writes below rely on.
 
 use crate::errors::invalid;
 use attnforge::{DType, HostTensor};
 use half::{bf16, f16};
+use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyCapsule, PyType};
 
-/// One array: `(address, shape, strides, dtype, device)`.
-#[derive(Clone, Debug, FromPyObject)]
-pub struct ArrayArg(pub u64, pub Vec<usize>, pub Vec<i64>, pub String, pub i64);
+/// One array, as read from its Python object.
+#[derive(Clone, Debug)]
+pub struct ArrayArg {
+    address: u64,
+    shape: Vec<usize>,
+    strides: Vec<i64>,
+    dtype: DType,
+    device: Option<usize>,
+    writable: bool,
+}
+
+static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 impl ArrayArg {
+    /// Reads `obj`, a numpy array or a torch tensor; `TypeError` for anything else, `ValueError`
+    /// (naming `name`) for an element type other than float16, bfloat16 (torch) or float32, or a
+    /// device other than the CPU or a CUDA device.
+    pub fn read(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
+        let py = obj.py();
+        if obj.is_instance(NDARRAY.import(py, "numpy", "ndarray")?)? {
+            return read_numpy(obj, name);
+        }
+        match obj.getattr(intern!(py, "data_ptr")) {
+            Ok(data_ptr) => read_torch(obj, &data_ptr, name),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{name} must be a numpy array or a torch tensor, not {}",
+                obj.get_type().name()?
+            ))),
+        }
+    }
+
+    /// [`read`](Self::read) for an array the call writes: a read-only numpy array is a
+    /// `ValueError`.
+    pub fn read_out(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
+        let a = ArrayArg::read(obj, name)?;
+        if !a.writable() {
+            return Err(invalid(name, "the array is read-only"));
+        }
+        Ok(a)
+    }
+
+    /// The same array seen through another shape and strides (a view of the same memory).
+    pub fn with_view(&self, shape: Vec<usize>, strides: Vec<i64>) -> ArrayArg {
+        ArrayArg {
+            shape,
+            strides,
+            ..self.clone()
+        }
+    }
+
     /// The address of element 0.
     pub fn address(&self) -> u64 {
-        self.0
+        self.address
     }
 
     /// The shape.
     pub fn shape(&self) -> &[usize] {
-        &self.1
+        &self.shape
     }
 
     /// Strides in elements.
     pub fn strides(&self) -> &[i64] {
-        &self.2
+        &self.strides
     }
 
     /// The CUDA ordinal, or `None` for host memory.
     pub fn device(&self) -> Option<usize> {
-        usize::try_from(self.4).ok()
+        self.device
     }
 
     /// Elements the shape holds.
     pub fn numel(&self) -> usize {
-        self.1.iter().product()
+        self.shape.iter().product()
     }
 
-    /// The attention dtype (f16, bf16, f32), or a `ValueError` naming `name`.
-    pub fn dtype(&self, name: &str) -> PyResult<DType> {
-        match self.3.as_str() {
-            "f16" => Ok(DType::F16),
-            "bf16" => Ok(DType::Bf16),
-            "f32" => Ok(DType::F32),
-            other => Err(invalid(
-                name,
-                format!("has dtype {other}; expected float16, bfloat16 or float32"),
-            )),
-        }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Whether the call may write the array.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 
     /// Checks the rank and that every stride is non-negative.
     pub fn check(&self, name: &str, rank: usize) -> PyResult<()> {
-        if self.1.len() != rank || self.2.len() != rank {
+        if self.shape.len() != rank || self.strides.len() != rank {
             return Err(invalid(
                 name,
                 format!(
                     "has {} dimensions {:?}; expected {rank}",
-                    self.1.len(),
-                    self.1
+                    self.shape.len(),
+                    self.shape
                 ),
             ));
         }
-        if let Some(s) = self.2.iter().find(|&&s| s < 0) {
+        if let Some(s) = self.strides.iter().find(|&&s| s < 0) {
             return Err(invalid(name, format!("has a negative stride {s}")));
         }
         Ok(())
@@ -79,9 +127,9 @@ impl ArrayArg {
             return 0;
         }
         1 + self
-            .1
+            .shape
             .iter()
-            .zip(&self.2)
+            .zip(&self.strides)
             .map(|(&n, &s)| (n - 1) * s as usize)
             .sum::<usize>()
     }
@@ -89,7 +137,7 @@ impl ArrayArg {
     /// Whether the view is row-major contiguous.
     pub fn is_contiguous(&self) -> bool {
         let mut expected = 1i64;
-        for (&n, &s) in self.1.iter().zip(&self.2).rev() {
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n != 1 && s != expected {
                 return false;
             }
@@ -104,7 +152,7 @@ impl ArrayArg {
         if self.numel() == 0 {
             return out;
         }
-        let rank = self.1.len();
+        let rank = self.shape.len();
         let mut index = vec![0usize; rank];
         let mut offset = 0usize;
         loop {
@@ -116,11 +164,11 @@ impl ArrayArg {
                 }
                 d -= 1;
                 index[d] += 1;
-                offset += self.2[d] as usize;
-                if index[d] < self.1[d] {
+                offset += self.strides[d] as usize;
+                if index[d] < self.shape[d] {
                     break;
                 }
-                offset -= self.2[d] as usize * self.1[d];
+                offset -= self.strides[d] as usize * self.shape[d];
                 index[d] = 0;
             }
         }
@@ -130,7 +178,7 @@ impl ArrayArg {
         if self.device().is_some() {
             return Err(invalid(name, "is on a CUDA device; expected host memory"));
         }
-        self.check(name, self.1.len())
+        self.check(name, self.shape.len())
     }
 
     /// Reads a host array into a contiguous tensor (row-major over the shape).
@@ -140,7 +188,7 @@ impl ArrayArg {
         // SAFETY: the descriptor comes from a live host array (module docs); every offset is
         // inside it because the shape and strides are its own.
         Ok(unsafe {
-            match self.dtype(name)? {
+            match self.dtype {
                 DType::F16 => HostTensor::F16(self.gather::<u16, _>(&offsets, f16::from_bits)),
                 DType::Bf16 => HostTensor::Bf16(self.gather::<u16, _>(&offsets, bf16::from_bits)),
                 DType::F32 => HostTensor::F32(self.gather::<u32, _>(&offsets, f32::from_bits)),
@@ -149,7 +197,7 @@ impl ArrayArg {
     }
 
     unsafe fn gather<B: Copy, T>(&self, offsets: &[usize], from: impl Fn(B) -> T) -> Vec<T> {
-        let base = self.0 as *const B;
+        let base = self.address as *const B;
         offsets
             .iter()
             .map(|&o| from(unsafe { base.add(o).read_unaligned() }))
@@ -159,7 +207,10 @@ impl ArrayArg {
     /// Writes a contiguous tensor (row-major over the shape) into the host array.
     pub fn write_host(&self, name: &str, t: &HostTensor) -> PyResult<()> {
         self.host_only(name)?;
-        let dtype = self.dtype(name)?;
+        if !self.writable {
+            return Err(invalid(name, "the array is read-only"));
+        }
+        let dtype = self.dtype;
         if t.dtype() != dtype || t.len() != self.numel() {
             return Err(invalid(
                 name,
@@ -173,8 +224,7 @@ impl ArrayArg {
             ));
         }
         let offsets = self.offsets();
-        // SAFETY: as in `read_host`; the array is writable (outputs are allocated by the package
-        // or passed as `out=`, which the Python layer checks).
+        // SAFETY: as in `read_host`; the array is writable (checked above).
         unsafe {
             match t {
                 HostTensor::F16(v) => self.scatter(&offsets, v, |x| x.to_bits()),
@@ -191,9 +241,164 @@ impl ArrayArg {
     }
 
     unsafe fn scatter<B, T: Copy>(&self, offsets: &[usize], values: &[T], to: impl Fn(T) -> B) {
-        let base = self.0 as *mut B;
+        let base = self.address as *mut B;
         for (&o, &x) in offsets.iter().zip(values) {
             unsafe { base.add(o).write_unaligned(to(x)) };
         }
     }
+}
+
+/// What [`describe`] returns.
+type Descriptor = (u64, Vec<usize>, Vec<i64>, &'static str, i64);
+
+/// `(address, shape, strides in elements, dtype, CUDA ordinal or -1)` of `obj` as every call
+/// reads it: the same `TypeError` / `ValueError` (naming `name`) for what attnforge does not
+/// take. For the Python layer, which reads shapes before the native call.
+#[pyfunction]
+pub fn describe(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Descriptor> {
+    let a = ArrayArg::read(obj, name)?;
+    let dtype = match a.dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        DType::F32 => "f32",
+    };
+    let device = a.device.map_or(-1, |d| d as i64);
+    Ok((a.address, a.shape, a.strides, dtype, device))
+}
+
+/// attnforge's element type of a dtype name (numpy's `float16`, torch's `torch.bfloat16`...).
+fn dtype_of_name(dtype: &str) -> Option<DType> {
+    match dtype.strip_prefix("torch.").unwrap_or(dtype) {
+        "float16" => Some(DType::F16),
+        "bfloat16" => Some(DType::Bf16),
+        "float32" => Some(DType::F32),
+        _ => None,
+    }
+}
+
+/// numpy's `PyArrayInterface`, the C struct behind `__array_struct__` (numpy's array interface
+/// protocol, version 3).
+#[repr(C)]
+struct ArrayStruct {
+    two: std::ffi::c_int,
+    nd: std::ffi::c_int,
+    typekind: std::ffi::c_char,
+    itemsize: std::ffi::c_int,
+    flags: std::ffi::c_int,
+    shape: *const isize,
+    strides: *const isize,
+    data: *mut std::ffi::c_void,
+    descr: *mut std::ffi::c_void,
+}
+
+/// `ArrayStruct::flags`: the bytes are in the machine's order, and may be written.
+const NOTSWAPPED: std::ffi::c_int = 0x200;
+const WRITEABLE: std::ffi::c_int = 0x400;
+
+/// A numpy array, through its `__array_struct__` (one capsule: no dict, no strings); byte
+/// strides in whole elements.
+fn read_numpy(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
+    let py = obj.py();
+    let capsule = obj.getattr(intern!(py, "__array_struct__"))?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    // SAFETY: numpy's capsule holds a PyArrayInterface (checked by `two`) that lives, with the
+    // shape and strides it points to, as long as the capsule, which outlives every read here.
+    let s = unsafe {
+        capsule
+            .pointer_checked(None)?
+            .cast::<ArrayStruct>()
+            .as_ref()
+    };
+    let bad_dtype = || -> PyResult<PyErr> {
+        let dtype = obj.getattr(intern!(py, "dtype"))?.str()?;
+        Ok(invalid(
+            name,
+            format!("has dtype {dtype}; expected float16 or float32"),
+        ))
+    };
+    if s.two != 2 || s.flags & NOTSWAPPED == 0 {
+        return Err(bad_dtype()?);
+    }
+    let dtype = match (s.typekind as u8, s.itemsize) {
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        _ => return Err(bad_dtype()?),
+    };
+    let nd = usize::try_from(s.nd).unwrap_or(0);
+    // SAFETY: `shape` (and `strides`, when not null) hold `nd` entries (the protocol).
+    let shape: Vec<usize> = (0..nd)
+        .map(|d| unsafe { *s.shape.add(d) } as usize)
+        .collect();
+    let strides = if s.strides.is_null() {
+        row_major(&shape)
+    } else {
+        let size = s.itemsize as isize;
+        let bytes: Vec<isize> = (0..nd).map(|d| unsafe { *s.strides.add(d) }).collect();
+        if bytes.iter().any(|b| b % size != 0) {
+            return Err(invalid(
+                name,
+                format!("strides {bytes:?} are not whole elements"),
+            ));
+        }
+        bytes.iter().map(|&b| (b / size) as i64).collect()
+    };
+    Ok(ArrayArg {
+        address: s.data as u64,
+        shape,
+        strides,
+        dtype,
+        device: None,
+        writable: s.flags & WRITEABLE != 0,
+    })
+}
+
+/// Row-major element strides of `shape`.
+fn row_major(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1] as i64;
+    }
+    strides
+}
+
+/// A torch tensor (or an object with the same attributes), `data_ptr` its bound method.
+fn read_torch(
+    obj: &Bound<'_, PyAny>,
+    data_ptr: &Bound<'_, PyAny>,
+    name: &str,
+) -> PyResult<ArrayArg> {
+    let py = obj.py();
+    let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
+    let dtype_name = dtype_obj.str()?;
+    let dtype = dtype_of_name(&dtype_name.to_cow()?).ok_or_else(|| {
+        invalid(
+            name,
+            format!("has dtype {dtype_name}; expected float16, bfloat16 or float32"),
+        )
+    })?;
+    let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+        let ordinal: i64 = obj.call_method0(intern!(py, "get_device"))?.extract()?;
+        Some(
+            usize::try_from(ordinal)
+                .map_err(|_| invalid(name, format!("reports CUDA device {ordinal}")))?,
+        )
+    } else {
+        let device = obj.getattr(intern!(py, "device"))?;
+        let kind = device.getattr(intern!(py, "type"))?;
+        if kind.str()?.to_cow()? != "cpu" {
+            return Err(invalid(
+                name,
+                format!("is on {}; expected cpu or cuda", device.str()?),
+            ));
+        }
+        None
+    };
+    Ok(ArrayArg {
+        address: data_ptr.call0()?.extract()?,
+        shape: obj.getattr(intern!(py, "shape"))?.extract()?,
+        strides: obj.call_method0(intern!(py, "stride"))?.extract()?,
+        dtype,
+        device,
+        writable: true,
+    })
 }

@@ -3,13 +3,15 @@
 //! A cache arrives as one array (K and V combined, `[pages, 2, page_size, heads, D]` for NHD,
 //! `[pages, 2, heads, page_size, D]` for HND) or two (`[pages, page_size, heads, D]` each, NHD,
 //! or `[pages, heads, page_size, D]`, HND), as FlashInfer takes them. The layout is read off the
-//! shapes; the problem model validates it.
+//! shapes; the problem model validates it. A (K, V) pair that is the two halves of one combined
+//! array (`kv[:, 0]`, `kv[:, 1]`) is read as that array, so the CUDA kernels read it in place.
 
 use crate::array::ArrayArg;
 use crate::errors::{invalid, IntoPy};
 use attnforge::paged::{KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut};
 use attnforge::{HeadDims, HostTensor};
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
 /// `NHD` or `HND`.
 pub fn order(kv_layout: &str) -> PyResult<KvOrder> {
@@ -21,6 +23,56 @@ pub fn order(kv_layout: &str) -> PyResult<KvOrder> {
             format!("is {other:?}; expected \"NHD\" or \"HND\""),
         )),
     }
+}
+
+/// The arrays of the cache object `cache`: one combined array, or a (K, V) tuple or list; a pair
+/// that is the two halves of one combined array comes back as that array.
+pub fn arrays(cache: &Bound<'_, PyAny>) -> PyResult<Vec<ArrayArg>> {
+    let pair = if let Ok(t) = cache.cast::<PyTuple>() {
+        t.iter().collect::<Vec<_>>()
+    } else if let Ok(l) = cache.cast::<PyList>() {
+        l.iter().collect()
+    } else {
+        return Ok(vec![ArrayArg::read(cache, "paged_kv_cache")?]);
+    };
+    let [k, v] = pair.as_slice() else {
+        return Err(invalid(
+            "paged_kv_cache",
+            format!("a tuple of {} arrays; expected (k, v)", pair.len()),
+        ));
+    };
+    let k = ArrayArg::read(k, "paged_kv_cache[0]")?;
+    let v = ArrayArg::read(v, "paged_kv_cache[1]")?;
+    Ok(match combined_halves(&k, &v) {
+        Some(kv) => vec![kv],
+        None => vec![k, v],
+    })
+}
+
+/// The combined `[pages, 2, ...]` array whose halves `k` and `v` are (`kv[:, 0]`, `kv[:, 1]`,
+/// each half contiguous within a page), if they are.
+fn combined_halves(k: &ArrayArg, v: &ArrayArg) -> Option<ArrayArg> {
+    let (shape, strides) = (k.shape(), k.strides());
+    if shape.len() != 4
+        || shape != v.shape()
+        || strides != v.strides()
+        || shape[0] <= 1
+        || k.dtype() != v.dtype()
+        || k.device() != v.device()
+    {
+        return None;
+    }
+    let half: usize = shape[1..].iter().product();
+    let inner = [shape[2] * shape[3], shape[3], 1];
+    let elem = k.dtype().size_bytes() as u64;
+    let halves_apart = v.address().checked_sub(k.address()) == Some(half as u64 * elem);
+    let rows = strides[1..].iter().zip(inner).all(|(&s, i)| s == i as i64);
+    if strides[0] != 2 * half as i64 || !rows || !halves_apart {
+        return None;
+    }
+    let shape = vec![shape[0], 2, shape[1], shape[2], shape[3]];
+    let strides = vec![strides[0], half as i64, strides[1], strides[2], strides[3]];
+    Some(k.with_view(shape, strides))
 }
 
 /// `(pages, page_size, heads, dim)` of one half's shape `[pages, a, b, dim]`.
@@ -75,9 +127,9 @@ pub fn layout(cache: &[ArrayArg], kv_layout: &str) -> PyResult<PagedKvLayout> {
             ),
         ));
     }
-    let dtype = cache[0].dtype("paged_kv_cache")?;
+    let dtype = cache[0].dtype();
     if let Some(other) = cache.get(1) {
-        if other.dtype("paged_kv_cache[1]")? != dtype {
+        if other.dtype() != dtype {
             return Err(invalid("paged_kv_cache[1]", "has another dtype than K"));
         }
     }

@@ -1,14 +1,14 @@
 //! `attnforge._native`: the compiled half of the `attnforge` Python package.
 //!
 //! The Python modules (`attnforge.flashinfer`) check the arguments, allocate outputs with the
-//! caller's array library and hand every array over as a descriptor (data address, shape,
-//! element strides, dtype, device: [`array::ArrayArg`]); nothing here depends on numpy's or
-//! torch's binary interface. CPU arrays run on attnforge's CPU backend, CUDA arrays on its CUDA
+//! caller's array library and hand the arrays over as they are; they are read here through their
+//! public Python attributes into descriptors (data address, shape, element strides, dtype,
+//! device: [`array::ArrayArg`]), so nothing depends on numpy's or torch's binary interface. CPU arrays run on attnforge's CPU backend, CUDA arrays on its CUDA
 //! backend, on the caller's stream.
 //!
 //! | module | job |
 //! |---|---|
-//! | `array` | array descriptors; strided reads and writes of host arrays |
+//! | `array` | numpy arrays and torch tensors read into descriptors; strided host reads and writes |
 //! | `errors` | attnforge's errors as Python exceptions |
 //! | `spec` | attention options from Python into an [`attnforge::AttentionProblem`] |
 //! | `cache` | paged KV cache descriptors into a [`attnforge::paged::PagedKvLayout`] |
@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state::merge_states, m)?)?;
     m.add_function(wrap_pyfunction!(state::append_paged_kv, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(array::describe, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -31,6 +31,17 @@ pub fn expect_shape(a: &ArrayArg, name: &str, shape: &[usize]) -> PyResult<()> {
     Ok(())
 }
 
+/// Checks that `a` holds elements of the plan's `dtype`.
+fn check_dtype(a: &ArrayArg, name: &str, dtype: DType) -> PyResult<()> {
+    if a.dtype() != dtype {
+        return Err(invalid(
+            name,
+            format!("has dtype {}; the plan's is {dtype}", a.dtype()),
+        ));
+    }
+    Ok(())
+}
+
 /// The `[tokens, heads, dim]` view of `a` (element strides), or a `ValueError` when its head dim
 /// is not contiguous.
 fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
@@ -92,15 +103,15 @@ fn check_outputs(
 ) -> PyResult<()> {
     let (qo, h) = (p.batch.total_qo(), p.num_qo_heads);
     expect_shape(o, "out", &[qo, h, p.head_dims.vo()])?;
-    if o.dtype("out")? != p.output_dtype {
+    if o.dtype() != p.output_dtype {
         return Err(invalid(
             "out",
-            format!("has dtype {}; expected {}", o.dtype("out")?, p.output_dtype),
+            format!("has dtype {}; expected {}", o.dtype(), p.output_dtype),
         ));
     }
     if let Some(l) = lse {
         expect_shape(l, "lse", &[qo, h])?;
-        if l.dtype("lse")? != DType::F32 {
+        if l.dtype() != DType::F32 {
             return Err(invalid("lse", "must be float32"));
         }
     }
@@ -191,18 +202,26 @@ impl RaggedPlan {
 
     /// Runs on `q [total_qo, Hq, Dqk]`, `k [total_kv, Hkv, Dqk]`, `v [total_kv, Hkv, Dvo]` into
     /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
+    /// The arrays are numpy arrays or torch tensors.
     #[pyo3(signature = (q, k, v, o, lse, stream))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         py: Python<'_>,
-        q: ArrayArg,
-        k: ArrayArg,
-        v: ArrayArg,
-        o: ArrayArg,
-        lse: Option<ArrayArg>,
+        q: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        v: &Bound<'_, PyAny>,
+        o: &Bound<'_, PyAny>,
+        lse: Option<&Bound<'_, PyAny>>,
         stream: u64,
     ) -> PyResult<()> {
+        let (q, k, v) = (
+            ArrayArg::read(q, "q")?,
+            ArrayArg::read(k, "k")?,
+            ArrayArg::read(v, "v")?,
+        );
+        let o = ArrayArg::read_out(o, "out")?;
+        let lse = lse.map(|l| ArrayArg::read_out(l, "lse")).transpose()?;
         let p = &self.problem;
         let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
         let (dqk, dvo) = (p.head_dims.qk(), p.head_dims.vo());
@@ -210,16 +229,7 @@ impl RaggedPlan {
         expect_shape(&k, "k", &[kv, p.num_kv_heads, dqk])?;
         expect_shape(&v, "v", &[kv, p.num_kv_heads, dvo])?;
         for (name, a) in [("q", &q), ("k", &k), ("v", &v)] {
-            if a.dtype(name)? != p.input_dtype {
-                return Err(invalid(
-                    name,
-                    format!(
-                        "has dtype {}; the plan's is {}",
-                        a.dtype(name)?,
-                        p.input_dtype
-                    ),
-                ));
-            }
+            check_dtype(a, name, p.input_dtype)?;
         }
         let mut arrays = vec![("q", &q), ("k", &k), ("v", &v), ("out", &o)];
         arrays.extend(lse.as_ref().map(|l| ("lse", l)));
@@ -363,39 +373,36 @@ impl PagedPlan {
         Ok(plan)
     }
 
-    /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array or K and V) into `o`
-    /// and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
+    /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array, or a (K, V) pair) into
+    /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
+    /// The arrays are numpy arrays or torch tensors.
     #[pyo3(signature = (q, cache, o, lse, stream))]
     fn run(
         &self,
         py: Python<'_>,
-        q: ArrayArg,
-        cache: Vec<ArrayArg>,
-        o: ArrayArg,
-        lse: Option<ArrayArg>,
+        q: &Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+        o: &Bound<'_, PyAny>,
+        lse: Option<&Bound<'_, PyAny>>,
         stream: u64,
     ) -> PyResult<()> {
+        let q = ArrayArg::read(q, "q")?;
+        let cache = cache::arrays(cache)?;
+        let o = ArrayArg::read_out(o, "out")?;
+        let lse = lse.map(|l| ArrayArg::read_out(l, "lse")).transpose()?;
         let p = &self.problem;
         expect_shape(
             &q,
             "q",
             &[p.batch.total_qo(), p.num_qo_heads, p.head_dims.qk()],
         )?;
-        if q.dtype("q")? != p.input_dtype {
-            return Err(invalid(
-                "q",
-                format!(
-                    "has dtype {}; the plan's is {}",
-                    q.dtype("q")?,
-                    p.input_dtype
-                ),
-            ));
-        }
+        check_dtype(&q, "q", p.input_dtype)?;
         let order = match self.layout.order {
             attnforge::paged::KvOrder::Nhd => "NHD",
             attnforge::paged::KvOrder::Hnd => "HND",
         };
         let layout = cache::layout(&cache, order)?;
+        check_dtype(&cache[0], "paged_kv_cache", p.input_dtype)?;
         for (what, planned, given) in [
             ("page_size", self.layout.page_size, layout.page_size),
             (

@@ -28,8 +28,11 @@ pub struct AttnSpec {
     pub window_left: i64,
     /// Logit soft cap, if any.
     pub soft_cap: Option<f32>,
-    /// ALiBi slopes, one per query head, if any (never together with a soft cap).
+    /// ALiBi slopes, one per query head, if any (never together with a soft cap or sinks).
     pub alibi_slopes: Option<Vec<f32>>,
+    /// Attention-sink logits, one per query head, if any (never with a soft cap or ALiBi).
+    #[pyo3(default)]
+    pub sinks: Option<Vec<f32>>,
     /// Scale of the dot product.
     pub sm_scale: f32,
     /// f16 QK accumulation.
@@ -76,17 +79,26 @@ impl AttnSpec {
     }
 
     fn variant(&self) -> PyResult<Variant> {
-        Ok(match (self.soft_cap, &self.alibi_slopes) {
-            (Some(_), Some(_)) => {
-                return Err(unsupported(
-                    "logits_soft_cap with ALiBi: a problem has one logits transform",
-                ))
-            }
-            (Some(cap), None) => Variant::SoftCap { cap },
-            (None, Some(slopes)) => Variant::Alibi {
+        let given = [
+            self.soft_cap.is_some(),
+            self.alibi_slopes.is_some(),
+            self.sinks.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(unsupported(
+                "more than one of logits_soft_cap, ALiBi and sinks: a problem has one logits \
+                 transform (attnforge's variants)",
+            ));
+        }
+        Ok(match (self.soft_cap, &self.alibi_slopes, &self.sinks) {
+            (Some(cap), _, _) => Variant::SoftCap { cap },
+            (_, Some(slopes), _) => Variant::Alibi {
                 slopes: slopes.clone(),
             },
-            (None, None) => Variant::None,
+            (_, _, Some(sinks)) => Variant::Sinks {
+                sinks: sinks.clone(),
+            },
+            (None, None, None) => Variant::None,
         })
     }
 

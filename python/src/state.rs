@@ -19,7 +19,7 @@ fn read_f32(a: &ArrayArg, name: &str) -> PyResult<Vec<f32>> {
 
 fn check_lse_dtype(arrays: &[(&str, &ArrayArg)]) -> PyResult<()> {
     for (name, a) in arrays {
-        if a.dtype(name)? != DType::F32 {
+        if a.dtype() != DType::F32 {
             return Err(invalid(name, "must be float32"));
         }
     }
@@ -40,20 +40,24 @@ fn check_contiguous(arrays: &[(&str, &ArrayArg)]) -> PyResult<()> {
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn merge_state(
-    v_a: ArrayArg,
-    s_a: ArrayArg,
-    v_b: ArrayArg,
-    s_b: ArrayArg,
-    v_out: ArrayArg,
-    s_out: ArrayArg,
+    v_a: &Bound<'_, PyAny>,
+    s_a: &Bound<'_, PyAny>,
+    v_b: &Bound<'_, PyAny>,
+    s_b: &Bound<'_, PyAny>,
+    v_out: &Bound<'_, PyAny>,
+    s_out: &Bound<'_, PyAny>,
     stream: u64,
 ) -> PyResult<()> {
+    let (v_a, s_a) = (ArrayArg::read(v_a, "v_a")?, ArrayArg::read(s_a, "s_a")?);
+    let (v_b, s_b) = (ArrayArg::read(v_b, "v_b")?, ArrayArg::read(s_b, "s_b")?);
+    let v_out = ArrayArg::read_out(v_out, "v_out")?;
+    let s_out = ArrayArg::read_out(s_out, "s_out")?;
     v_a.check("v_a", 3)?;
     let [rows, heads, head_dim] = [v_a.shape()[0], v_a.shape()[1], v_a.shape()[2]];
-    let dtype = v_a.dtype("v_a")?;
+    let dtype = v_a.dtype();
     for (name, a) in [("v_b", &v_b), ("v_out", &v_out)] {
         expect_shape(a, name, &[rows, heads, head_dim])?;
-        if a.dtype(name)? != dtype {
+        if a.dtype() != dtype {
             return Err(invalid(
                 name,
                 format!("has another dtype than v_a ({dtype})"),
@@ -109,19 +113,22 @@ pub fn merge_state(
 /// `s [seq, num_states, heads]` into `(v_out [seq, heads, dim], s_out [seq, heads])`.
 #[pyfunction]
 pub fn merge_states(
-    v: ArrayArg,
-    s: ArrayArg,
-    v_out: ArrayArg,
-    s_out: ArrayArg,
+    v: &Bound<'_, PyAny>,
+    s: &Bound<'_, PyAny>,
+    v_out: &Bound<'_, PyAny>,
+    s_out: &Bound<'_, PyAny>,
     stream: u64,
 ) -> PyResult<()> {
+    let (v, s) = (ArrayArg::read(v, "v")?, ArrayArg::read(s, "s")?);
+    let v_out = ArrayArg::read_out(v_out, "v_out")?;
+    let s_out = ArrayArg::read_out(s_out, "s_out")?;
     v.check("v", 4)?;
     let [rows, n, heads, head_dim] = [v.shape()[0], v.shape()[1], v.shape()[2], v.shape()[3]];
-    let dtype = v.dtype("v")?;
+    let dtype = v.dtype();
     expect_shape(&s, "s", &[rows, n, heads])?;
     expect_shape(&v_out, "v_out", &[rows, heads, head_dim])?;
     expect_shape(&s_out, "s_out", &[rows, heads])?;
-    if v_out.dtype("v_out")? != dtype {
+    if v_out.dtype() != dtype {
         return Err(invalid(
             "v_out",
             format!("has another dtype than v ({dtype})"),
@@ -183,16 +190,27 @@ pub fn merge_states(
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn append_paged_kv(
-    k_new: ArrayArg,
-    v_new: ArrayArg,
+    k_new: &Bound<'_, PyAny>,
+    v_new: &Bound<'_, PyAny>,
     append_indptr: Vec<i32>,
-    cache: Vec<ArrayArg>,
+    cache: &Bound<'_, PyAny>,
     kv_layout: &str,
     kv_page_indptr: Vec<i32>,
     kv_page_indices: Vec<i32>,
     kv_last_page_len: Vec<i32>,
     stream: u64,
 ) -> PyResult<()> {
+    let k_new = ArrayArg::read(k_new, "append_key")?;
+    let v_new = ArrayArg::read(v_new, "append_value")?;
+    let cache = cache::arrays(cache)?;
+    for (i, a) in cache.iter().enumerate() {
+        if !a.writable() {
+            return Err(invalid(
+                &format!("paged_kv_cache[{i}]"),
+                "the array is read-only",
+            ));
+        }
+    }
     k_new.check("append_key", 3)?;
     v_new.check("append_value", 3)?;
     let layout = cache::layout(&cache, kv_layout)?;
@@ -222,13 +240,8 @@ pub fn append_paged_kv(
             let engine = gpu::engine(ordinal)?;
             let stream = gpu::stream(&engine, stream);
             let dt = layout.dtype;
-            let kd = gpu::borrow(&stream, &k_new, "append_key", k_new.dtype("append_key")?)?;
-            let vd = gpu::borrow(
-                &stream,
-                &v_new,
-                "append_value",
-                v_new.dtype("append_value")?,
-            )?;
+            let kd = gpu::borrow(&stream, &k_new, "append_key", k_new.dtype())?;
+            let vd = gpu::borrow(&stream, &v_new, "append_value", v_new.dtype())?;
             let mut bufs = cache
                 .iter()
                 .map(|a| gpu::borrow(&stream, a, "paged_kv_cache", dt))

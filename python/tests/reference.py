@@ -1,17 +1,28 @@
 """A float64 numpy reference of FlashInfer's attention semantics, written for the tests:
 bottom-right-aligned causal mask, causal sliding window, logit soft cap, custom boolean mask,
-GQA, and the base-2 LSE."""
+GQA, ALiBi, attention sinks, and the base-2 LSE."""
 
 import numpy as np
 
 
 def attention(
-    q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None, alibi=None
+    q,
+    k,
+    v,
+    causal=False,
+    window_left=-1,
+    soft_cap=None,
+    sm_scale=None,
+    mask=None,
+    alibi=None,
+    sinks=None,
 ):
     """``q [qo, Hq, D]``, ``k``/``v [kv, Hkv, D]`` (NHD), any float dtype. Returns ``(o, lse)``
     in float64, ``lse`` base 2; a row that sees no key has ``o = 0`` and ``lse = -inf``.
     ``mask`` (bool ``[qo, kv]``) combines with ``window_left`` but replaces ``causal``;
-    ``alibi`` (slopes per query head) adds ``slope * (j - i)``, ``i`` the query's index."""
+    ``alibi`` (slopes per query head) adds ``slope * (j - i)``, ``i`` the query's index;
+    ``sinks`` (one logit per query head) joins each row's softmax denominator (and its LSE) as
+    ``exp(sink)``; a row that sees no key then has ``lse = sink`` (base 2)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     qo, hq, d = q.shape
     kv, hkv, _ = k.shape
@@ -36,9 +47,13 @@ def attention(
             s = s + alibi[h] * (j - np.arange(qo)[:, None])
         s = np.where(visible, s, -np.inf)
         m = s.max(axis=1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, sinks[h])
         m = np.where(np.isfinite(m), m, 0.0)
         p = np.exp(s - m)
         total = p.sum(axis=1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(sinks[h] - m)
         seen = total[:, 0] > 0
         o[seen, h, :] = (p[seen] / total[seen]) @ v[:, h // group, :]
         lse[seen, h] = (m[seen, 0] + np.log(total[seen, 0])) / np.log(2.0)

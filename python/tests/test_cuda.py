@@ -171,8 +171,9 @@ def gather(kv, ids, indptr, last, r, layout, page_size):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("form", ["combined", "halves", "tuple"])
-def test_paged_prefill(layout, form):
-    page_size, hq, hkv, d = 16, 8, 2, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_prefill(layout, form, page_size):
+    hq, hkv, d = 8, 2, 128
     kv_lens, qo_lens = [33, 200, 16, 97], [33, 7, 1, 50]
     kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, layout)
     cache = {
@@ -194,9 +195,11 @@ def test_paged_prefill(layout, form):
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("window_left,cap", [(-1, None), (100, None), (-1, 50.0)])
-def test_decode_and_cuda_graph(layout, window_left, cap):
-    page_size, hq, hkv, d = 16, 32, 8, 128
+@pytest.mark.parametrize(
+    "window_left,cap,page_size", [(-1, None, 16), (100, None, 12), (-1, 50.0, 5)]
+)
+def test_decode_and_cuda_graph(layout, window_left, cap, page_size):
+    hq, hkv, d = 32, 8, 128
     kv_lens = [1, 15, 16, 17, 500, 1000, 3, 64]
     kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, layout, torch.bfloat16)
     batch = len(kv_lens)
@@ -263,8 +266,9 @@ def test_merge_state_in_place_with_mask():
     torch.testing.assert_close(s[~mask], s0[~mask], atol=0, rtol=0)
 
 
-def test_append_on_the_gpu():
-    page_size, hkv, d = 16, 4, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_append_on_the_gpu(page_size):
+    hkv, d = 4, 128
     old, new = [10, 0, 31], [7, 20, 1]
     total = [a + b for a, b in zip(old, new)]
     kv, ids, indptr, last = paged_cache(total, page_size, hkv, d, "NHD")
@@ -288,3 +292,36 @@ def test_append_on_the_gpu():
         torch.testing.assert_close(k[old[r] :], k_new[start : start + new[r]], atol=0, rtol=0)
         torch.testing.assert_close(v[old[r] :], v_new[start : start + new[r]], atol=0, rtol=0)
         start += new[r]
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_alibi_and_sinks_match_the_cpu_backend(decode):
+    """ALiBi (with its LSE convention) and run(sinks=) on the GPU, pages of 5 tokens, against
+    the same calls on the CPU backend (itself checked against the float64 reference)."""
+    page_size, hq, hkv, d = 5, 8, 2, 128
+    kv_lens = [1, 37, 200, 64]
+    qo_lens = [1] * 4 if decode else [1, 20, 3, 64]
+    kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, "NHD")
+    qo_indptr = torch.tensor([0] + qo_lens).cumsum(0).int()
+    q = torch.randn(int(qo_indptr[-1]), hq, d, dtype=torch.float16, device=DEV)
+    sinks = torch.rand(hq, device=DEV) * 4
+    results = []
+    for dev in (DEV, "cpu"):
+        ws = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+        table = (indptr, ids, last, hq, hkv, d, page_size)
+        if decode:
+            alibi = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+            alibi.plan(*table, pos_encoding_mode="ALIBI")
+            plain = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+            plain.plan(*table)
+        else:
+            alibi = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+            alibi.plan(qo_indptr, *table, causal=True, pos_encoding_mode="ALIBI")
+            plain = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+            plain.plan(qo_indptr, *table, causal=True)
+        qd, kvd = q.to(dev), kv.to(dev)
+        o_a, lse_a = alibi.run(qd, kvd, return_lse=True)
+        o_s, lse_s = plain.run(qd, kvd, sinks=sinks.to(dev), return_lse=True)
+        results.append([x.cpu().double() for x in (o_a, lse_a, o_s, lse_s)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

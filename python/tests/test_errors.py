@@ -42,7 +42,9 @@ def test_wrappers_refuse():
     with pytest.raises(NotImplementedError, match="kv_data_type"):
         w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type="float16", kv_data_type="bfloat16")
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
-        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ALIBI")
+        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
+        w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ALIBI", logits_soft_cap=30.0)
     with pytest.raises(NotImplementedError, match="fixed_split_size"):
         w.plan([0, 8], [0, 16], 4, 2, 64, fixed_split_size=128)
     w.plan([0, 8], [0, 16], 4, 2, 64)
@@ -52,8 +54,12 @@ def test_wrappers_refuse():
     d = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
     d.plan([0, 1], [0], [4], 4, 2, 64, 16)
     cache = rng.standard_normal((1, 2, 16, 2, 64)).astype(np.float16)
+    with pytest.raises(ValueError, match="sinks"):
+        d.run(q[:1], cache, sinks=np.zeros(3, np.float32))
+    capped = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    capped.plan([0, 1], [0], [4], 4, 2, 64, 16, logits_soft_cap=30.0)
     with pytest.raises(NotImplementedError, match="sinks"):
-        d.run(q[:1], cache, sinks=np.zeros(4, np.float32))
+        capped.run(q[:1], cache, sinks=np.zeros(4, np.float32))
     with pytest.raises(NotImplementedError, match="window_left"):
         d.run(q[:1], cache, window_left=3)
 

@@ -33,8 +33,9 @@ def make_cache(kv_lens, page_size, hkv, d, layout, combined):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("combined", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_paged_prefill(layout, combined, causal):
-    page_size, hq, hkv, d = 16, 8, 2, 128
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_prefill(layout, combined, causal, page_size):
+    hq, hkv, d = 8, 2, 128
     kv_lens = [int(n) for n in rng.integers(20, 100, 4)]
     qo_lens = [int(rng.integers(1, n + 1)) for n in kv_lens]
     cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, combined)
@@ -53,8 +54,9 @@ def test_paged_prefill(layout, combined, causal):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("window_left,cap", [(-1, None), (20, None), (-1, 10.0)])
-def test_decode(layout, window_left, cap):
-    page_size, hq, hkv, d = 8, 8, 8, 64
+@pytest.mark.parametrize("page_size", [8, 12])
+def test_decode(layout, window_left, cap, page_size):
+    hq, hkv, d = 8, 8, 64
     kv_lens = [int(n) for n in rng.integers(1, 70, 6)]
     cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, layout, True)
     q = rand((len(kv_lens), hq, d))
@@ -67,8 +69,9 @@ def test_decode(layout, window_left, cap):
         np.testing.assert_allclose(o[r : r + 1].astype(np.float64), want, atol=2e-2, rtol=2e-2)
 
 
-def test_append_then_decode():
-    page_size, hkv, d = 4, 2, 64
+@pytest.mark.parametrize("page_size", [4, 5])
+def test_append_then_decode(page_size):
+    hkv, d = 2, 64
     old = [5, 0, 9]
     new = [3, 2, 1]
     total = [a + b for a, b in zip(old, new)]
@@ -132,3 +135,62 @@ def test_merge_states_matches_split_attention():
     want_o, want_lse = attention(q, k, v)
     np.testing.assert_allclose(o.astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_wrappers_alibi(decode):
+    page_size, h, d = 5, 4, 64
+    kv_lens = [7, 1, 23]
+    qo_lens = [1, 1, 1] if decode else [3, 1, 23]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, h, d, "NHD", True)
+    qo_indptr = np.cumsum([0, *qo_lens])
+    q = rand((qo_indptr[-1], h, d))
+    ws = np.empty(1, np.uint8)
+    if decode:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+        w.plan(indptr, ids, last, h, h, d, page_size, pos_encoding_mode="ALIBI")
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+        w.plan(
+            qo_indptr, indptr, ids, last, h, h, d, page_size, causal=True, pos_encoding_mode="ALIBI"
+        )
+    o, lse = w.run(q, cache, return_lse=True)
+    n = 2 ** int(np.floor(np.log2(h)))
+    slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    for r in range(len(kv_lens)):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
+        qs = slice(qo_indptr[r], qo_indptr[r + 1])
+        want_o, want_lse = attention(q[qs], k, v, causal=not decode, alibi=slopes)
+        np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+        np.testing.assert_allclose(lse[qs], want_lse, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_wrappers_sinks(decode):
+    page_size, hq, hkv, d = 12, 8, 2, 64
+    kv_lens = [30, 1, 5, 13]
+    qo_lens = [1, 1, 1, 1] if decode else [4, 1, 2, 13]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, "HND", False)
+    qo_indptr = np.cumsum([0, *qo_lens])
+    q = rand((qo_indptr[-1], hq, d))
+    ws = np.empty(1, np.uint8)
+    if decode:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "HND")
+        w.plan(indptr, ids, last, hq, hkv, d, page_size)
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
+        w.plan(qo_indptr, indptr, ids, last, hq, hkv, d, page_size, causal=True)
+    for _ in range(2):  # new sink values each time: a plan for each
+        sinks = rng.random(hq).astype(np.float32) * 4
+        o, lse = w.run(q, cache, sinks=sinks, return_lse=True)
+        for r in range(len(kv_lens)):
+            qs = slice(qo_indptr[r], qo_indptr[r + 1])
+            k, v = gather_pages(ck, cv, indptr, ids, last, r, "HND")
+            want_o, want_lse = attention(q[qs], k, v, causal=not decode, sinks=sinks)
+            np.testing.assert_allclose(o[qs].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)
+            np.testing.assert_allclose(lse[qs], want_lse, atol=2e-3, rtol=1e-3)
+    # Without sinks the plan's own batch runs as before.
+    o = w.run(q, cache)
+    k, v = gather_pages(ck, cv, indptr, ids, last, 0, "HND")
+    want_o, _ = attention(q[: qo_lens[0]], k, v, causal=not decode)
+    np.testing.assert_allclose(o[: qo_lens[0]].astype(np.float64), want_o, atol=2e-2, rtol=2e-2)

@@ -128,6 +128,13 @@ def test_non_causal_window_and_window_over_a_custom_mask():
     close(o2, want2, np.float16)
 
 
+def flashinfer_slopes(num_heads):
+    """FlashInfer's ALiBi slopes (its tests' reference)."""
+    n = 2 ** int(np.floor(np.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    return slopes + [2.0 ** (-4.0 * i / n) for i in range(1, 2 * (num_heads - n), 2)]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("num_heads", [8, 12])
 def test_alibi(causal, num_heads):
@@ -136,9 +143,7 @@ def test_alibi(causal, num_heads):
     o, lse = fi.single_prefill_with_kv_cache(
         q, k, v, causal=causal, pos_encoding_mode="ALIBI", return_lse=True
     )
-    n = 2 ** int(np.floor(np.log2(num_heads)))
-    slopes = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
-    slopes += [2.0 ** (-4.0 * i / n) for i in range(1, 2 * (num_heads - n), 2)]
+    slopes = flashinfer_slopes(num_heads)
     want_o, want_lse = attention(q, k, v, causal=causal, alibi=slopes)
     close(o, want_o, np.float32)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
@@ -187,3 +192,38 @@ def test_single_prefill_plans_are_kept_by_shape_and_options():
     for n in range(fi._SINGLE_PLANS_MAX + 3):
         fi.single_prefill_with_kv_cache(q[: 1 + n % 9], k, v, sm_scale=0.01 * (n + 1))
     assert len(fi._SINGLE_PLANS) == fi._SINGLE_PLANS_MAX
+
+
+def test_single_decode_alibi_lse():
+    # FlashInfer's decode bias is slope * j (the query's index 0): the reference with one query.
+    q = rand((8, 64), np.float32)
+    k, v = rand((41, 8, 64), np.float32), rand((41, 8, 64), np.float32)
+    o, lse = fi.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ALIBI", return_lse=True)
+    want_o, want_lse = attention(q[None], k, v, alibi=flashinfer_slopes(8))
+    close(o, want_o[0], np.float32)
+    np.testing.assert_allclose(lse, want_lse[0], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_wrapper_alibi(causal):
+    qo_lens, kv_lens, h = [5, 1, 17], [9, 30, 17], 6
+    qo_indptr, kv_indptr = np.cumsum([0, *qo_lens]), np.cumsum([0, *kv_lens])
+    q = rand((qo_indptr[-1], h, 64), np.float32)
+    k, v = rand((kv_indptr[-1], h, 64), np.float32), rand((kv_indptr[-1], h, 64), np.float32)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(np.empty(1, np.uint8))
+    w.plan(
+        qo_indptr,
+        kv_indptr,
+        h,
+        h,
+        64,
+        causal=causal,
+        pos_encoding_mode="ALIBI",
+        q_data_type="float32",
+    )
+    o, lse = w.run(q, k, v, return_lse=True)
+    for r in range(3):
+        qs, ks = slice(qo_indptr[r], qo_indptr[r + 1]), slice(kv_indptr[r], kv_indptr[r + 1])
+        want_o, want_lse = attention(q[qs], k[ks], v[ks], causal=causal, alibi=flashinfer_slopes(h))
+        close(o[qs], want_o, np.float32)
+        np.testing.assert_allclose(lse[qs], want_lse, atol=1e-3, rtol=1e-4)

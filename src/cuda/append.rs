@@ -11,6 +11,7 @@ use super::error::CudaError;
 use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::paged::{cache_strides, DevicePagedKv};
+use super::pages::KernelPages;
 use super::plan::ScaleAddress;
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::dtype::fp8::Fp8Format;
@@ -126,10 +127,12 @@ impl Engine {
         let upload = |data: &[i32], what: &str| memory::upload(stream, data, what);
         let append_indptr_d = upload(append_indptr, "append_indptr")?;
         let kv_len_d = upload(&kv_len, "kv_len")?;
-        let page_indptr_d = upload(&table.kv_page_indptr, "kv_page_indptr")?;
-        let page_indices_d = upload(&table.kv_page_indices, "kv_page_indices")?;
-        let (k_base, k_page, k_token, k_head) = cache_strides(layout, true);
-        let (v_base, v_page, v_token, v_head) = cache_strides(layout, false);
+        let pages = KernelPages::new(layout, table)?;
+        let page_indptr_d = upload(&pages.table.kv_page_indptr, "kv_page_indptr")?;
+        let page_indices_d = upload(&pages.table.kv_page_indices, "kv_page_indices")?;
+        let (k_base, _, k_token, k_head) = cache_strides(layout, true);
+        let (v_base, _, v_token, v_head) = cache_strides(layout, false);
+        let (k_page, v_page) = (pages.k_page_stride, pages.v_page_stride);
         let ptr = |s: &cudarc::driver::CudaSlice<i32>| s.device_ptr(stream).0;
         let params = AppendParams {
             k_new,
@@ -151,8 +154,8 @@ impl Engine {
             num_kv_heads: h as i32,
             k_chunks: (dqk / 8) as i32,
             v_chunks: (dvo / 8) as i32,
-            page_shift: layout.page_size.trailing_zeros() as i32,
-            page_mask: (layout.page_size - 1) as i32,
+            page_shift: pages.page_size.trailing_zeros() as i32,
+            page_mask: (pages.page_size - 1) as i32,
             new_bf16: i32::from(layout.dtype == DType::Bf16),
             k_scale: fp8.map_or(0, |(_, s)| s.k),
             v_scale: fp8.map_or(0, |(_, s)| s.v),

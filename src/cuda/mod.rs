@@ -18,6 +18,7 @@ mod launch;
 mod memory;
 mod merge;
 mod paged;
+mod pages;
 mod plan;
 mod prefill;
 mod problem_arrays;

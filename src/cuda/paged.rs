@@ -15,6 +15,7 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
 use super::graph::capture_graph;
+use super::pages::KernelPages;
 use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions, ScaleAddress};
 use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
@@ -100,6 +101,8 @@ pub struct PagedPlan {
     kv_fp8: Option<Fp8Format>,
     layout: PagedKvLayout,
     table: PageTable,
+    /// The kernels' page size and page strides (`pages`).
+    kernel_pages: (usize, i64, i64),
     page_indptr: CudaSlice<i32>,
     page_indices: CudaSlice<i32>,
 }
@@ -153,12 +156,14 @@ impl PagedPlan {
         // K and V are read through the cache layout, whose rows are whole 16-byte chunks.
         check_view_alignment("q", &problem.q_view)?;
         let table = paged.table().clone();
+        let kp = KernelPages::new(paged.layout(), &table)?;
         Ok(PagedPlan {
             plan: KernelPlan::with_kv_fp8(engine, problem, KvCache::Paged, kv_fp8, options)?,
             kv_fp8,
             layout: *paged.layout(),
-            page_indptr: upload(engine, &table.kv_page_indptr, "kv_page_indptr")?,
-            page_indices: upload(engine, &table.kv_page_indices, "kv_page_indices")?,
+            kernel_pages: (kp.page_size, kp.k_page_stride, kp.v_page_stride),
+            page_indptr: upload(engine, &kp.table.kv_page_indptr, "kv_page_indptr")?,
+            page_indices: upload(engine, &kp.table.kv_page_indices, "kv_page_indices")?,
             table,
         })
     }
@@ -220,9 +225,13 @@ impl PagedPlan {
         }
         table.kv_page_indices = indices.to_vec();
         table.validate(self.layout.page_size, self.layout.num_pages)?;
-        if !indices.is_empty() {
+        // The same pages per request: the kernels' table keeps its length.
+        let kernel_indices = KernelPages::new(&self.layout, &table)?
+            .table
+            .kv_page_indices;
+        if !kernel_indices.is_empty() {
             stream
-                .memcpy_htod(indices, &mut self.page_indices)
+                .memcpy_htod(&kernel_indices, &mut self.page_indices)
                 .during("updating kv_page_indices")?;
         }
         self.table = table;
@@ -282,8 +291,9 @@ impl PagedPlan {
         let p = &self.plan.problem;
         let l = &self.layout;
         let qo = qo_address(p, stream, q, o, lse.as_deref())?;
-        let (k_base, k_page, k_token, k_head) = cache_strides(l, true);
-        let (v_base, v_page, v_token, v_head) = cache_strides(l, false);
+        let (k_base, _, k_token, k_head) = cache_strides(l, true);
+        let (v_base, _, v_token, v_head) = cache_strides(l, false);
+        let (page_size, k_page, v_page) = self.kernel_pages;
         let address = KvAddress {
             k: k_addr + k_base as u64 * elem,
             v: v_addr + v_base as u64 * elem,
@@ -296,7 +306,7 @@ impl PagedPlan {
                 indices: cudarc::driver::DevicePtr::device_ptr(&self.page_indices, stream).0,
                 k_page_stride: k_page,
                 v_page_stride: v_page,
-                page_size: l.page_size,
+                page_size,
             }),
             scales,
         };

@@ -154,7 +154,7 @@ impl KvBuffer for Fp8Tensor {
 pub struct PagedKvLayout {
     /// Pages in the cache buffer(s); page ids run `0..num_pages`.
     pub num_pages: usize,
-    /// Token slots per page: a power of two in `1..=MAX_PAGE_SIZE`.
+    /// Token slots per page, `1..=MAX_PAGE_SIZE`.
     pub page_size: usize,
     /// Key/value heads.
     pub num_kv_heads: usize,
@@ -172,13 +172,10 @@ impl PagedKvLayout {
     /// Checks the page size, heads and storage; buffers are checked by
     /// [`validate_buffers`](Self::validate_buffers).
     pub fn validate(&self) -> Validation {
-        if !self.page_size.is_power_of_two() || self.page_size > MAX_PAGE_SIZE {
+        if !(1..=MAX_PAGE_SIZE).contains(&self.page_size) {
             return Err(InvalidProblem::new(
                 "page_size",
-                format!(
-                    "{} is not a power of two in 1..={MAX_PAGE_SIZE}",
-                    self.page_size
-                ),
+                format!("{} is not in 1..={MAX_PAGE_SIZE}", self.page_size),
             ));
         }
         if self.num_kv_heads == 0 {

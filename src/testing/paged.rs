@@ -552,6 +552,49 @@ pub fn paged_cases(
             ));
         }
     }
+    // Page sizes that are not powers of two (the CUDA kernels read them as one-token pages): a
+    // decode batch in combined HND pages of 5, and a paged prefill in NHD pages of 12 that the
+    // GPU fills with its own append kernel.
+    out.push((
+        Point {
+            config: configs[0],
+            head_dims: dims[1 % dims.len()],
+            mask: MaskSpec::Window(100),
+            variant: VariantSpec::None,
+            heads: (16, 4),
+            lens: (0..9).map(|r| (1, 1 + 61 * r)).collect(),
+        },
+        PagedCase {
+            page_size: 5,
+            order: KvOrder::Hnd,
+            storage: KvStorage::Combined,
+            run: PagedRun::Direct,
+            fp8: None,
+        },
+        "decode",
+    ));
+    out.push((
+        Point {
+            config: configs[configs.len() - 1],
+            head_dims: dims[0],
+            mask: MaskSpec::Causal,
+            variant: VariantSpec::SoftCap(30.0),
+            heads: (8, 2),
+            lens: vec![(33, 300), (1, 77), (64, 64)],
+        },
+        PagedCase {
+            page_size: 12,
+            order: KvOrder::Nhd,
+            storage: KvStorage::Separate,
+            run: if caps.device_runs {
+                PagedRun::DeviceAppend
+            } else {
+                PagedRun::Direct
+            },
+            fp8: None,
+        },
+        "paged-prefill",
+    ));
     out.extend(fp8_copies(&out));
     // A combined buffer needs equal K and V head dims.
     for (point, layout, _) in &mut out {
