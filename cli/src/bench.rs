@@ -16,6 +16,8 @@
 //! be timed at a higher clock. Apart from the kernel, the host time of one `run` call (wall
 //! time, no synchronisation) is measured, its median reported as `host_us`.
 
+mod fp8;
+
 use crate::backend::parse_arch;
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
@@ -375,6 +377,9 @@ fn measure_paged(
     line: &mut ResultLine,
 ) -> Result<String, Error> {
     let paged = shape.shape.paged_problem()?;
+    if let Some(format) = shape.shape.kv_fp8()? {
+        return fp8::measure_paged_fp8(engine, shape, args, line, paged, format);
+    }
     let problem = paged.problem().clone();
     let layout = *paged.layout();
     let plan = PagedPlan::with_options(engine, &paged, args.plan_options())?;

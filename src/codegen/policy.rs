@@ -254,6 +254,7 @@ mod tests {
             mask,
             variant: VariantSpec::None,
             kv,
+            kv_fp8: None,
             tile: TileConfig::parse(tile).unwrap(),
         }
     }
