@@ -19,6 +19,7 @@ import functools
 import numpy as np
 
 from . import _arrays as A
+from . import _fp8
 from . import _native
 from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
 
@@ -343,6 +344,7 @@ class _Wrapper:
                 "plans keep their own index arrays; run() after plan() is capture-safe without it",
             )
         refuse_set(jit_args=(jit_args, "attnforge has no FlashInfer JIT variants"))
+        self._kv_fp8 = None
         self._kv_layout = kv_layout
         self._device = A.device_of(float_workspace_buffer)
         self._plan = None
@@ -376,28 +378,52 @@ class _Wrapper:
             qo, indptr, indices, last, page_size, options = self._paged_args
             options = dict(options, sinks=list(values))
             plan = _native.PagedPlan(
-                qo, indptr, indices, last, page_size, self._kv_layout, options, self._device
+                qo,
+                indptr,
+                indices,
+                last,
+                page_size,
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             )
             if len(self._sink_plans) >= _SINK_PLANS_MAX:
                 self._sink_plans.pop(next(iter(self._sink_plans)))
             self._sink_plans[values] = plan
         return plan
 
-    def _plan_dtype(self, q_data_type, kv_data_type):
+    def _plan_dtype(self, q_data_type, kv_data_type, fp8_cache=False):
+        """The planned dtypes: q's, and the cache's fp8 format (``fp8_cache``: whether this
+        wrapper takes one) or none."""
+        if _fp8.format_of(q_data_type) is not None:
+            refuse("q_data_type", q_data_type, "fp8 queries are not supported (fp8 KV caches are)")
         q = dtype_code(q_data_type, "q_data_type")
-        kv = dtype_code(kv_data_type, "kv_data_type")
-        if kv is not None and kv != q:
-            refuse("kv_data_type", kv_data_type, "q and the KV cache share one dtype")
+        self._kv_fp8 = _fp8.format_of(kv_data_type)
+        if self._kv_fp8 is not None:
+            if not fp8_cache:
+                refuse("kv_data_type", kv_data_type, "fp8 K/V are read from paged caches only")
+            if q == "f32":
+                refuse("kv_data_type", kv_data_type, "an fp8 cache goes with f16 or bf16 queries")
+        else:
+            kv = dtype_code(kv_data_type, "kv_data_type")
+            if kv is not None and kv != q:
+                refuse("kv_data_type", kv_data_type, "q and a float KV cache share one dtype")
         self._dtype = q
 
-    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks):
+    def _run_paged(
+        self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+    ):
         plan, total_qo, num_qo_heads, head_dim_vo, planned_window = self._planned()
         if window_left is not None and window_left != planned_window:
             refuse("window_left", window_left, "the window is fixed by plan()")
+        if self._kv_fp8 is None:
+            _fp8.refuse_plain_scales(k_scale, v_scale)
+        scales = (_fp8.scale_list(k_scale, "k_scale"), _fp8.scale_list(v_scale, "v_scale"))
         if sinks is not None:
             plan = self._sink_plan(sinks)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
-        plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device))
+        plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device), *scales)
         return _finish(out, lse, return_lse, self._lse_shift)
 
 
@@ -595,7 +621,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             max_token_per_sequence=(max_token_per_sequence, reason),
             max_sequence_kv=(max_sequence_kv, reason),
         )
-        self._plan_dtype(q_data_type, kv_data_type)
+        self._plan_dtype(q_data_type, kv_data_type, fp8_cache=True)
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         indptr = A.int_list(paged_kv_indptr, "paged_kv_indptr")
@@ -622,7 +648,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         )
         native = self._keep_paged(
             _native.PagedPlan(
-                qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+                qo,
+                indptr,
+                indices,
+                last,
+                int(page_size),
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             ),
             qo,
             indptr,
@@ -651,10 +685,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
     ):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
         (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
-        they are read on the host, so such a call does not belong in a graph capture."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
+        they are read on the host, so such a call does not belong in a graph capture.
+        ``k_scale`` / ``v_scale`` dequantise a cache planned with an fp8 ``kv_data_type``
+        (see ``_fp8``)."""
+        if args or enable_pdl or q_scale is not None:
+            check_run(args, q_scale, enable_pdl)
+        return self._run_paged(
+            q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -722,7 +760,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
         if data_type is not None:
             q_data_type = kv_data_type = data_type
-        self._plan_dtype(q_data_type, kv_data_type)
+        self._plan_dtype(q_data_type, kv_data_type, fp8_cache=True)
         page_indptr = A.int_list(indptr, "indptr")
         batch = len(page_indptr) - 1
         qo = list(range(batch + 1))
@@ -746,7 +784,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         table = (A.int_list(indices, "indices"), A.int_list(last_page_len, "last_page_len"))
         native = self._keep_paged(
             _native.PagedPlan(
-                qo, page_indptr, *table, int(page_size), self._kv_layout, options, self._device
+                qo,
+                page_indptr,
+                *table,
+                int(page_size),
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             ),
             qo,
             page_indptr,
@@ -775,12 +820,16 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     ):
         """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
         (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
-        they are read on the host, so such a call does not belong in a graph capture."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
+        they are read on the host, so such a call does not belong in a graph capture.
+        ``k_scale`` / ``v_scale`` dequantise a cache planned with an fp8 ``kv_data_type``
+        (see ``_fp8``)."""
+        if args or enable_pdl or q_scale is not None:
+            check_run(args, q_scale, enable_pdl)
         if q_len_per_req not in (None, 1):
             refuse("q_len_per_req", q_len_per_req, "decode takes one query per request")
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
+        return self._run_paged(
+            q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -878,13 +927,18 @@ def append_paged_kv_cache(
     kv_indptr,
     kv_last_page_len,
     kv_layout="NHD",
+    *,
+    kv_data_type=None,
 ):
     """Writes new tokens' K and V (``[nnz, Hkv, D]``) into the paged cache. The page table is
     the one after the append; token ``i`` goes to request ``batch_indices[i]`` at position
     ``positions[i]``. attnforge appends each request's new tokens as its last positions, in
     order (as ``get_batch_indices_positions`` lays them out); other placements raise
-    ``NotImplementedError``."""
+    ``NotImplementedError``. Into an fp8 cache the rows are fp8 codes of its type, copied as
+    FlashInfer copies them (``kv_data_type``, an attnforge extension, names the format of a
+    numpy ``uint8`` cache)."""
     _check_kv_layout(kv_layout)
+    fp8 = _fp8.cache_format(paged_kv_cache, kv_data_type)
     page_indptr = A.int_list(kv_indptr, "kv_indptr")
     last = A.int_list(kv_last_page_len, "kv_last_page_len")
     batch = A.int_list(batch_indices, "batch_indices")
@@ -894,7 +948,8 @@ def append_paged_kv_cache(
             f"invalid positions: has {len(pos)} entries; batch_indices has {len(batch)}"
         )
     first = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
-    A.checked_dtype(first, "paged_kv_cache")
+    if fp8 is None:
+        A.checked_dtype(first, "paged_kv_cache")
     shape = first.shape
     page_size = shape[-2] if kv_layout == "HND" else shape[-3]
     kv_lens = _kv_indptr(page_indptr, last, page_size)
@@ -918,6 +973,9 @@ def append_paged_kv_cache(
             )
     # The kernel reads whole rows of new tokens: a strided slice of a CUDA tensor is copied into
     # rows first, on the caller's stream (the append launches on it too).
+    if fp8 is not None:
+        append_key = _fp8.append_rows(append_key, "append_key", fp8)
+        append_value = _fp8.append_rows(append_value, "append_value", fp8)
     append_key, append_value = (
         x.contiguous() if A.is_torch(x) and not x.is_contiguous() else x
         for x in (append_key, append_value)
@@ -932,6 +990,7 @@ def append_paged_kv_cache(
         A.int_list(kv_indices, "kv_indices"),
         last,
         A.current_stream(A.device_of(append_key)),
+        fp8,
     )
 
 
