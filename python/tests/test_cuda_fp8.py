@@ -84,7 +84,8 @@ def test_fp8_paged_prefill_per_head_scales(fp8, form, page_size):
         "tuple": (kv[:, 0].contiguous(), kv[:, 1].contiguous()),
     }[form]
     k_scale = torch.rand(hkv, device=DEV) * 0.5 + 0.1
-    v_scale = torch.rand(hkv, device=DEV) + 0.5
+    # At most 65504 / 57344, so that the largest e5m2 code stays finite in f16.
+    v_scale = torch.rand(hkv, device=DEV) * 0.6 + 0.5
     qo_indptr = torch.tensor([0] + qo_lens).cumsum(0).int()
     q = torch.randn(int(qo_indptr[-1]), hq, d, dtype=torch.float16, device=DEV)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
@@ -134,9 +135,9 @@ def test_fp8_append_copies_codes_on_the_gpu(fp8, page_size):
     q = torch.randn(3, hq, d, dtype=torch.float16, device=DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEV))
     w.plan(indptr, ids, last, hq, hkv, d, page_size, kv_data_type=fp8)
-    o = w.run(q, kv, k_scale=0.5, v_scale=2.0)
+    o = w.run(q, kv, k_scale=0.5, v_scale=0.8)
     for r in range(3):
-        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, 0.5, 2.0)
+        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, 0.5, 0.8)
         want, _ = reference(q[r : r + 1], k, v, causal=True)
         check(o[r : r + 1], want, torch.float16)
 
