@@ -21,7 +21,15 @@ import numpy as np
 from . import _arrays as A
 from . import _fp8
 from . import _native
+from ._merge import merge_state, merge_state_in_place, merge_states
 from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
+from ._page import (
+    _check_kv_layout,
+    _kv_indptr,
+    append_paged_kv_cache,
+    get_batch_indices_positions,
+    get_seq_lens,
+)
 
 __all__ = [
     "single_prefill_with_kv_cache",
@@ -39,11 +47,6 @@ __all__ = [
     "get_batch_indices_positions",
     "get_seq_lens",
 ]
-
-
-def _check_kv_layout(kv_layout):
-    if kv_layout not in ("NHD", "HND"):
-        raise ValueError(f'invalid kv_layout: is {kv_layout!r}; expected "NHD" or "HND"')
 
 
 def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
@@ -697,16 +700,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
 
-def _kv_indptr(page_indptr, last_page_len, page_size):
-    """Token prefix sums of the requests of a page table (for the custom mask's offsets)."""
-    out = [0]
-    for r in range(len(page_indptr) - 1):
-        pages = page_indptr[r + 1] - page_indptr[r]
-        n = 0 if pages <= 0 else (pages - 1) * page_size + last_page_len[r]
-        out.append(out[-1] + n)
-    return out
-
-
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     """Batch decode (one query per request) over a paged KV cache."""
 
@@ -867,154 +860,3 @@ def fast_decode_plan(self, *args, **kwargs):
         type(self).__name__,
         "plans keep their own index arrays; plan() then run() is capture-safe without it",
     )
-
-
-def _lse_to_natural(s):
-    return s * A.LN2
-
-
-def _check_f32_lse(name, s):
-    if str(getattr(s, "dtype", "")).replace("torch.", "") != "float32":
-        raise ValueError(f"invalid {name}: has dtype {getattr(s, 'dtype', None)}; expected float32")
-
-
-def merge_state(v_a, s_a, v_b, s_b):
-    """Merges two attention states over disjoint key sets: ``v [seq, heads, dim]``,
-    ``s [seq, heads]`` (float32, base-2 LSE). Returns ``(v, s)``."""
-    for name, s in (("s_a", s_a), ("s_b", s_b)):
-        _check_f32_lse(name, s)
-    v_out = A.empty(v_a, v_a.shape)
-    s_out = A.empty(v_a, s_a.shape, float32=True)
-    # The natural-log copies stay referenced until the call returns.
-    ln_a, ln_b = _lse_to_natural(s_a), _lse_to_natural(s_b)
-    _native.merge_state(
-        v_a, ln_a, v_b, ln_b, v_out, s_out, A.current_stream(A.device_of(v_a))
-    )
-    s_out *= A.LOG2E
-    return v_out, s_out
-
-
-def merge_state_in_place(v, s, v_other, s_other, mask=None):
-    """Merges ``(v_other, s_other)`` into ``(v, s)`` in place; with ``mask`` (bool
-    ``[seq]``), only the rows where it is true."""
-    v_new, s_new = merge_state(v, s, v_other, s_other)
-    A.copy_into(v, v_new, mask)
-    A.copy_into(s, s_new, mask)
-
-
-def merge_states(v, s):
-    """Merges the states stored together in ``v [seq, num_states, heads, dim]``,
-    ``s [seq, num_states, heads]`` (float32, base 2). Returns ``(v, s)``."""
-    _check_f32_lse("s", s)
-    if len(v.shape) != 4:
-        raise ValueError(f"invalid v: has shape {tuple(v.shape)}; expected 4 dimensions")
-    seq, _, heads, dim = v.shape
-    v_out = A.empty(v, (seq, heads, dim))
-    s_out = A.empty(v, (seq, heads), float32=True)
-    ln_s = _lse_to_natural(s)  # referenced until the call returns
-    _native.merge_states(v, ln_s, v_out, s_out, A.current_stream(A.device_of(v)))
-    s_out *= A.LOG2E
-    return v_out, s_out
-
-
-def append_paged_kv_cache(
-    append_key,
-    append_value,
-    batch_indices,
-    positions,
-    paged_kv_cache,
-    kv_indices,
-    kv_indptr,
-    kv_last_page_len,
-    kv_layout="NHD",
-    *,
-    kv_data_type=None,
-):
-    """Writes new tokens' K and V (``[nnz, Hkv, D]``) into the paged cache. The page table is
-    the one after the append; token ``i`` goes to request ``batch_indices[i]`` at position
-    ``positions[i]``. attnforge appends each request's new tokens as its last positions, in
-    order (as ``get_batch_indices_positions`` lays them out); other placements raise
-    ``NotImplementedError``. Into an fp8 cache the rows are fp8 codes of its type, copied as
-    FlashInfer copies them (``kv_data_type``, an attnforge extension, names the format of a
-    numpy ``uint8`` cache)."""
-    _check_kv_layout(kv_layout)
-    fp8 = _fp8.cache_format(paged_kv_cache, kv_data_type)
-    page_indptr = A.int_list(kv_indptr, "kv_indptr")
-    last = A.int_list(kv_last_page_len, "kv_last_page_len")
-    batch = A.int_list(batch_indices, "batch_indices")
-    pos = A.int_list(positions, "positions")
-    if len(batch) != len(pos):
-        raise ValueError(
-            f"invalid positions: has {len(pos)} entries; batch_indices has {len(batch)}"
-        )
-    first = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
-    if fp8 is None:
-        A.checked_dtype(first, "paged_kv_cache")
-    shape = first.shape
-    page_size = shape[-2] if kv_layout == "HND" else shape[-3]
-    kv_lens = _kv_indptr(page_indptr, last, page_size)
-    counts = [0] * (len(page_indptr) - 1)
-    for b in batch:
-        if not 0 <= b < len(counts):
-            raise ValueError(f"invalid batch_indices: request {b} is outside 0..{len(counts)}")
-        counts[b] += 1
-    append_indptr = [0]
-    for c in counts:
-        append_indptr.append(append_indptr[-1] + c)
-    for i, (b, p) in enumerate(zip(batch, pos)):
-        kv_len = kv_lens[b + 1] - kv_lens[b]
-        expected = kv_len - counts[b] + (i - append_indptr[b])
-        if i < append_indptr[b] or i >= append_indptr[b + 1] or p != expected:
-            refuse(
-                "positions",
-                f"token {i}: request {b}, position {p}",
-                "attnforge appends each request's new tokens, grouped by request and in order,"
-                " as its last positions",
-            )
-    # The kernel reads whole rows of new tokens: a strided slice of a CUDA tensor is copied into
-    # rows first, on the caller's stream (the append launches on it too).
-    if fp8 is not None:
-        append_key = _fp8.append_rows(append_key, "append_key", fp8)
-        append_value = _fp8.append_rows(append_value, "append_value", fp8)
-    append_key, append_value = (
-        x.contiguous() if A.is_torch(x) and not x.is_contiguous() else x
-        for x in (append_key, append_value)
-    )
-    _native.append_paged_kv(
-        append_key,
-        append_value,
-        append_indptr,
-        paged_kv_cache,
-        kv_layout,
-        page_indptr,
-        A.int_list(kv_indices, "kv_indices"),
-        last,
-        A.current_stream(A.device_of(append_key)),
-        fp8,
-    )
-
-
-def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
-    """Keys per request of a page table: ``max(pages - 1, 0) * page_size + last_page_len``."""
-    return (kv_indptr[1:] - kv_indptr[:-1] - 1).clip(min=0) * page_size + kv_last_page_len
-
-
-def get_batch_indices_positions(append_indptr, seq_lens, nnz):
-    """For each of the ``nnz`` new tokens of a ragged batch (``append_indptr``), its request and
-    its position: request ``r``'s new tokens are the last ones of its ``seq_lens[r]`` keys.
-    Returns int32 ``(batch_indices, positions)`` like ``append_indptr``."""
-    indptr = A.int_list(append_indptr, "append_indptr")
-    lens = A.int_list(seq_lens, "seq_lens")
-    if len(lens) != len(indptr) - 1:
-        raise ValueError(
-            f"invalid seq_lens: has {len(lens)} entries; append_indptr describes"
-            f" {len(indptr) - 1} requests"
-        )
-    batch, positions = [], []
-    for r in range(len(lens)):
-        n = indptr[r + 1] - indptr[r]
-        batch += [r] * n
-        positions += range(lens[r] - n, lens[r])
-    if len(batch) != nnz:
-        raise ValueError(f"invalid nnz: is {nnz}; append_indptr holds {len(batch)} tokens")
-    return A.int32_array(append_indptr, batch), A.int32_array(append_indptr, positions)
