@@ -29,13 +29,14 @@ def fp8_cache(kv_lens, page_size, hkv, d, layout, fp8):
 
 
 def dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale):
-    """Request ``r``'s K and V as ``code * scale`` (an f32 product), NHD, float64."""
-    k, v = gather(kv, ids, indptr, last, r, layout, page_size)
+    """Request ``r``'s K and V as ``code * scale`` (an f32 product), NHD, float64 (the codes
+    decoded to f32 before they are gathered)."""
+    k, v = gather(kv.float(), ids, indptr, last, r, layout, page_size)
     hkv = k.shape[1]
 
     def scaled(x, s):
         s = torch.as_tensor(s, dtype=torch.float32, device=DEV).reshape(-1).expand(hkv)
-        return (x.float() * s[None, :, None]).double()
+        return (x * s[None, :, None]).double()
 
     return scaled(k, k_scale), scaled(v, v_scale)
 
