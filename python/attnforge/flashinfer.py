@@ -233,12 +233,20 @@ def _single_plan(
     """Checks a call of ``single_prefill_with_kv_cache`` and plans it."""
     check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
     refuse_set(
-        scale_q=(scale_q, "fp8 inputs are not supported yet"),
-        scale_k=(scale_k, "fp8 inputs are not supported yet"),
-        scale_v=(scale_v, "fp8 inputs are not supported yet"),
+        scale_q=(scale_q, "fp8 queries are not supported"),
+        scale_k=(scale_k, "the scales of fp8 prefill inputs; attnforge's fp8 K/V are paged"),
+        scale_v=(scale_v, "the scales of fp8 prefill inputs; attnforge's fp8 K/V are paged"),
     )
     _check_o_dtype(o_dtype, q)
     _check_kv_layout(kv_layout)
+    for name, x in (("k", k), ("v", v)):
+        if _fp8.array_format(x) is not None:
+            refuse(
+                name,
+                f"a {x.dtype} tensor",
+                "fp8 K/V are read by the paged wrappers (kv_data_type) and"
+                " single_decode_with_kv_cache",
+            )
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -300,15 +308,29 @@ def single_decode_with_kv_cache(
     the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
     ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel);
     with ALiBi the LSE follows FlashInfer's decode bias ``slope * j``, as the prefill's
-    ``slope * (j - i)`` with ``i = 0``."""
-    refuse_set(
-        q_scale=(q_scale, "fp8 inputs are not supported yet"),
-        k_scale=(k_scale, "fp8 inputs are not supported yet"),
-        v_scale=(v_scale, "fp8 inputs are not supported yet"),
-    )
+    ``slope * (j - i)`` with ``i = 0``. fp8 ``k`` and ``v`` (torch ``float8_e4m3fn`` /
+    ``float8_e5m2``, dequantised with ``k_scale`` / ``v_scale``) run as a batch decode of one
+    request over pages of one token (``_single_decode_fp8``)."""
+    refuse_set(q_scale=(q_scale, "fp8 queries are not supported (fp8 K/V are)"))
     A.checked_dtype(q, "q")
     if len(q.shape) != 2:
         raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
+    if _fp8.array_format(k) is not None:
+        return _single_decode_fp8(
+            q,
+            k,
+            v,
+            kv_layout,
+            pos_encoding_mode,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+            (k_scale, v_scale),
+            return_lse,
+        )
+    _fp8.refuse_plain_scales(k_scale, v_scale)
     o = single_prefill_with_kv_cache(
         q[None],
         k,
@@ -323,6 +345,56 @@ def single_decode_with_kv_cache(
         rope_theta=rope_theta,
         return_lse=return_lse,
     )
+    if return_lse:
+        o, lse = o
+        return o[0], lse[0]
+    return o[0]
+
+
+def _single_decode_fp8(
+    q,
+    k,
+    v,
+    kv_layout,
+    pos_encoding_mode,
+    window_left,
+    logits_soft_cap,
+    sm_scale,
+    rope_scale,
+    rope_theta,
+    scales,
+    return_lse,
+):
+    """``single_decode_with_kv_cache`` over fp8 ``k``, ``v``: the decode wrapper over a cache of
+    one-token pages (``[kv_len, 1, Hkv, D]`` views of NHD ``k``, ``v``; HND ones are copied into
+    NHD first), planned and run once."""
+    _check_kv_layout(kv_layout)
+    if kv_layout == "HND":
+        k, v = A.swap01(k), A.swap01(v)
+    if len(k.shape) != 3 or len(v.shape) != 3:
+        raise ValueError(f"invalid k: has shape {tuple(k.shape)}; expected 3 dimensions")
+    kv_len, num_kv_heads, head_dim = (int(n) for n in k.shape)
+    pages = tuple(x.contiguous()[:, None] for x in (k, v))
+    w = BatchDecodeWithPagedKVCacheWrapper(q, "NHD")
+    w.plan(
+        [0, kv_len],
+        list(range(kv_len)),
+        [1],
+        int(q.shape[0]),
+        num_kv_heads,
+        head_dim,
+        1,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q.dtype,
+        kv_data_type=k.dtype,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+    )
+    k_scale, v_scale = scales
+    o = w.run(q[None], pages, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
     if return_lse:
         o, lse = o
         return o[0], lse[0]
@@ -402,6 +474,8 @@ class _Wrapper:
         if _fp8.format_of(q_data_type) is not None:
             refuse("q_data_type", q_data_type, "fp8 queries are not supported (fp8 KV caches are)")
         q = dtype_code(q_data_type, "q_data_type")
+        if q is None:
+            raise ValueError("invalid q_data_type: is None; expected float16 or bfloat16")
         self._kv_fp8 = _fp8.format_of(kv_data_type)
         if self._kv_fp8 is not None:
             if not fp8_cache:
@@ -752,7 +826,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         reason = "these arguments feed FlashInfer's trtllm-gen backend"
         refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
         if data_type is not None:
-            q_data_type = kv_data_type = data_type
+            # FlashInfer's deprecated data_type fills in only the types not given.
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
         self._plan_dtype(q_data_type, kv_data_type, fp8_cache=True)
         page_indptr = A.int_list(indptr, "indptr")
         batch = len(page_indptr) - 1

@@ -184,3 +184,19 @@ def test_fp8_errors_on_the_gpu():
         w.run(q, kv)
     with pytest.raises(NotImplementedError, match="k_scale"):
         w.run(q, kv.half(), k_scale=0.5)
+
+
+@pytest.mark.parametrize("fp8", FORMATS)
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_fp8_single_decode(fp8, kv_layout):
+    hq, hkv, d, kv_len = 32, 8, 128, 333
+    k = (torch.randn(kv_len, hkv, d, device=DEV) * 2).to(fp8)
+    v = (torch.randn(kv_len, hkv, d, device=DEV) * 2).to(fp8)
+    q = torch.randn(hq, d, dtype=torch.bfloat16, device=DEV)
+    kk, vv = (x.transpose(0, 1).contiguous() for x in (k, v)) if kv_layout == "HND" else (k, v)
+    o, lse = fi.single_decode_with_kv_cache(
+        q, kk, vv, kv_layout=kv_layout, k_scale=0.3, v_scale=1.5, return_lse=True
+    )
+    want_o, want_lse = reference(q[None], k.float() * 0.3, v.float() * 1.5)
+    check(o[None], want_o, torch.bfloat16)
+    torch.testing.assert_close(lse[None].double(), want_lse, atol=2e-3, rtol=1e-3)

@@ -172,6 +172,9 @@ def test_fp8_refusals_and_errors():
         w.run(q, cache)
     with pytest.raises(NotImplementedError, match="k_scale"):
         w.run(q, cache.astype(np.float16), k_scale=0.5)
+    # FlashInfer's deprecated data_type names the cache's type when q_data_type is given.
+    w.plan(*args, data_type="float8_e4m3fn", q_data_type="float16")
+    w.run(q, cache)
     w.plan(*args, kv_data_type="float8_e4m3fn")
     with pytest.raises(ValueError, match="paged_kv_cache"):
         w.run(q, cache.astype(np.float16))
@@ -220,3 +223,30 @@ def test_fp8_append_refusals():
     with pytest.raises(ValueError, match="NaN"):
         fi.append_paged_kv_cache(rows, nan, batch, pos, cache, *table, kv_data_type="float8_e4m3fn")
     np.testing.assert_array_equal(cache, before)
+
+
+class Fp8Like(TorchLike):
+    """A ``TorchLike`` of fp8 codes that also takes the views single decode makes."""
+
+    def contiguous(self):
+        return Fp8Like(np.ascontiguousarray(self.array), self.dtype)
+
+    def __getitem__(self, index):
+        return Fp8Like(self.array[index], self.dtype)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_single_decode(fmt):
+    """single_decode_with_kv_cache over fp8 k, v (a tensor reporting a torch fp8 dtype)."""
+    hq, hkv, d, kv_len = 8, 2, 128, 77
+    k, v = codes_like(fmt, (kv_len, hkv, d)), codes_like(fmt, (kv_len, hkv, d))
+    q = rng.standard_normal((hq, d)).astype(np.float16)
+    dtype = "torch." + TORCH_NAMES[fmt]
+    o, lse = fi.single_decode_with_kv_cache(
+        q, Fp8Like(k, dtype), Fp8Like(v, dtype), k_scale=0.4, v_scale=0.9, return_lse=True
+    )
+    want_o, want_lse = attention(q[None], fp8_decode(k, fmt) * 0.4, fp8_decode(v, fmt) * 0.9)
+    check_rows(o[None], lse[None], want_o, want_lse, slice(0, 1))
+    # fp8 K/V are not read by single prefill.
+    with pytest.raises(NotImplementedError, match="k="):
+        fi.single_prefill_with_kv_cache(q[None], Fp8Like(k, dtype), Fp8Like(v, dtype))
