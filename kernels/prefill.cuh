@@ -5,9 +5,10 @@
 // epilogue (normalise and store, or a split plan's partial result).
 //
 // The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
-// rows), prefill_kv_pipeline.cuh (the request's bounds in shared memory, the Q prescale),
-// prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma), prefill_step.cuh (a
-// sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh (the stores). Every
+// rows), prefill_kv_pipeline.cuh (the request's bounds as the KV loop reads them, LoopBounds; the
+// Q prescale), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
+// prefill_step.cuh (a sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh
+// (write_result: normalise and store). The K/V loads are lambdas here, over run_cta's locals. Every
 // tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
 // compile --explain NAME` prints them).
 //
@@ -109,41 +110,11 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // policy::TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
   // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
   const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
-  // The request's bounds as the KV loop takes them: from shared memory with policy::BOUNDS_IN_SHARED
-  // (stored here, before the first copy that reads them), else the registers of `m` and the token
-  // range.
+  // The request's bounds as the KV loop takes them (LoopBounds; with policy::BOUNDS_IN_SHARED
+  // stored here, before the first copy that reads them).
   const SharedBounds bounds{tma_bars + TMA_BARRIER_BYTES};
   if constexpr (policy::BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
-  auto loop_kv_len = [&]() {
-    if constexpr (policy::BOUNDS_IN_SHARED) {
-      return bounds.kv_len();
-    } else {
-      return m.kv_len;
-    }
-  };
-  // (`m` itself otherwise, not a copy: passing a copy to the logits moved ptxas's register
-  // allocation of the ALiBi kernels, 246 -> 254 registers for bf16 causal paged `w4q2kv64` at sm_80.)
-  auto loop_mask = [&]() -> decltype(auto) {
-    if constexpr (policy::BOUNDS_IN_SHARED) {
-      return bounds.mask(m);
-    } else {
-      return (m);
-    }
-  };
-  auto loop_tok_lo = [&]() {
-    if constexpr (policy::TOKENS_IN_SHARED) {
-      return bounds.tok_lo();
-    } else {
-      return tok_lo;
-    }
-  };
-  auto loop_tok_hi = [&]() {
-    if constexpr (policy::TOKENS_IN_SHARED) {
-      return bounds.tok_hi();
-    } else {
-      return tok_hi;
-    }
-  };
+  const LoopBounds loop{m, tok_lo, tok_hi, bounds};
   const bool kv_tma = policy::TMA_KV && p.kv_tma != 0;
   auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
   auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
@@ -164,7 +135,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // last to read (they were issued before the barrier that precedes this call).
   auto stage_next_page_ids = [&](int t) {
     const int k1 = kv_lo + (t + 1) * KV_TILE;
-    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop_kv_len() - k1);
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop.kv_len() - k1);
   };
   // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
   // The group is committed even when empty (past the last tile) so that every iteration waits for
@@ -176,7 +147,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         if (threadIdx.x == 0) issue_tma(t, k0);
       } else {
         load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, loop_kv_len() - k0);
+                                                                               k0, loop.kv_len() - k0);
         stage_next_page_ids(t);
       }
     }
@@ -340,19 +311,19 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         float s[MMA_Q][KV_NT][4];
         widen_f16(frag, k_sub.base, acc, 0, finite, s);
-        float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, frag, v_sub.base,
+        float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, frag, v_sub.base,
                           softmax_scale, softmax, s, o, await_v_free_k);
       } else if constexpr (policy::F16_WARP_CHOICE) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
                                                                 KV_SUB)) {
           softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
         } else {
           float s[MMA_Q][KV_NT][4];
           widen_f16(frag, k_sub.base, acc, 0, finite, s);
-          float_logits_update(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0, lane, softmax_scale,
+          float_logits_update(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, softmax_scale,
                               softmax, s, o);
           const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
 #pragma unroll
@@ -368,7 +339,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         u32_t acc[MMA_Q][KV_NT][2];
         const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
         if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop_mask(), loop_tok_lo(), loop_tok_hi(), k0,
+            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
                                                                 KV_SUB)) {
           // The hot path: the softmax takes the accumulators as they are.
           const F16Logits<MMA_Q, KV_NT> probs{acc};
@@ -380,7 +351,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           for (int piece = 0; piece < KV_SUB / policy::F16_FLOAT_PIECE; ++piece) {
             float s[MMA_Q][policy::F16_FLOAT_PIECE / 8][4];
             widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(),
+            float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(),
                               k0 + piece * policy::F16_FLOAT_PIECE, lane, frag,
                               v_sub.base + piece * policy::F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
                               await_v);
@@ -400,7 +371,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
           } else {
             qk_f32(frag, k_piece, s);
           }
-          float_logits_step(p, loop_rows(), loop_mask(), tile, loop_tok_lo(), loop_tok_hi(), k0 + piece * policy::F32_PIECE, lane,
+          float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0 + piece * policy::F32_PIECE, lane,
                             frag, v_piece, softmax_scale, softmax, s, o, await_v_free_k);
         }
       }
@@ -426,37 +397,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     float* scratch = reinterpret_cast<float*>(smem + Q_TILE_BYTES);
     if (!merge_warp_states<NUM_WARPS>(softmax, o, scratch, warp, lane)) return;
   }
-
-  // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
-  // uses are computed again here rather than held through the loop. From a fresh read of the lane
-  // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
-  // results and keep them live after all). With policy::LOOP_ROWS_FRESH the loop's logits do the same
-  // (FreshRows), and the first ones are not used at all.
-  if constexpr (policy::EPILOGUE_RELOADS_QO_LEN) {
-    int qo_len;
-    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&p.work[2 * blockIdx.x + 1].y));
-    tile.packed_len = qo_len * p.group_size;
-  }
-  rows = tile.row_coords(warp_rows, lane_id());
-  float sink_log2[MMA_Q][2];
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, rows.head[mq][h]) : 0.0f;
   float lse[MMA_Q][2];
-  if (split) {
-    // A chunk's partial result leaves the sink out: the merge adds it once.
-    softmax.finish<false>(o, sink_log2, lse);
-    store_partial(p, rows, qo_start, work.w, lane, o, lse);
-    return;
-  }
-  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-  // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
-  // copy is in flight: the last tile's groups were waited for, later ones are empty). With
-  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
-  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
-  store_output(p, tile, rows, qo_start, warp_rows, lane, smem, SmemTile<VO_CHUNKS>{q_tile.base}, o, lse);
+  write_result(CtaResult{p, tile, rows, warp_rows, qo_start, work.w, split, lane, smem, q_tile}, softmax, o, lse);
 }
 
 }  // namespace prefill

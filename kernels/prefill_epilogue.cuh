@@ -1,6 +1,6 @@
-// prefill_epilogue.cuh — the stores at the end of a prefill CTA, once the softmax has normalised
-// its state: the output rows and their LSE, or, when the plan splits the KV range, this chunk's
-// partial result for the merge kernel (merge_state.cuh).
+// prefill_epilogue.cuh — the epilogue of a prefill CTA (write_result): the softmax's
+// normalisation, then the output rows and their LSE, or, when the plan splits the KV range, this
+// chunk's partial result for the merge kernel (merge_state.cuh).
 // Requires: online_softmax.cuh, variant.cuh, prefill_tile.cuh.
 
 namespace prefill {
@@ -60,6 +60,58 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
       }
       if (lane % 4 == 0) p.partial_lse[slot] = lse[mq][h];
     }
+}
+
+// The epilogue's context: run_cta's values it reads, by reference (the query tile and the rows'
+// coordinates are updated in place: the epilogue computes the coordinates again).
+struct CtaResult {
+  const PrefillParams& p;
+  QueryTile& tile;
+  RowCoords& rows;
+  const WarpRows& warp_rows;
+  const int& qo_start;
+  const int& chunk;  // the KV chunk, with a split plan
+  const bool& split;
+  const int& lane;
+  unsigned char* const& smem;
+  const QTile& q_tile;
+};
+
+// The epilogue, once the warps' states are merged (key-split warps): the softmax's normalisation,
+// then the output rows and their LSE, or with a split plan this chunk's partial result. `lse` is
+// the caller's (declared here, among write_result's own locals, it moved ptxas's register choices
+// in the main loop of the f16-QK kernels).
+__device__ __forceinline__ void write_result(const CtaResult& c, Softmax& softmax, float (&o)[MMA_Q][VO_NT][4],
+                                             float (&lse)[MMA_Q][2]) {
+  // The 64-key sub-tiles need every register of the main loop: the rows' coordinates the epilogue
+  // uses are computed again here rather than held through the loop. From a fresh read of the lane
+  // id, which the compiler cannot merge with the first one (it would otherwise reuse the first
+  // results and keep them live after all). With policy::LOOP_ROWS_FRESH the loop's logits do the same
+  // (FreshRows), and the first ones are not used at all.
+  if constexpr (policy::EPILOGUE_RELOADS_QO_LEN) {
+    int qo_len;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(qo_len) : "l"(&c.p.work[2 * blockIdx.x + 1].y));
+    c.tile.packed_len = qo_len * c.p.group_size;
+  }
+  c.rows = c.tile.row_coords(c.warp_rows, lane_id());
+  float sink_log2[MMA_Q][2];
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(c.p.variant, c.rows.head[mq][h]) : 0.0f;
+  if (c.split) {
+    // A chunk's partial result leaves the sink out: the merge adds it once.
+    softmax.finish<false>(o, sink_log2, lse);
+    store_partial(c.p, c.rows, c.qo_start, c.chunk, c.lane, o, lse);
+    return;
+  }
+  softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+  // The Q tile becomes the output staging area once every warp is past its last S = Q K^T (no
+  // copy is in flight: the last tile's groups were waited for, later ones are empty). With
+  // key-split warps, warp 0 alone is left, and the merge's barriers already ordered it.
+  if constexpr (!WARPS_SPLIT_KEYS) __syncthreads();
+  store_output(c.p, c.tile, c.rows, c.qo_start, c.warp_rows, c.lane, c.smem, SmemTile<VO_CHUNKS>{c.q_tile.base}, o, lse);
 }
 
 }  // namespace prefill

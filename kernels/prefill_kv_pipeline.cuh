@@ -63,4 +63,45 @@ __device__ __forceinline__ void prescale_q(const QTile& q, unsigned char* q_byte
   });
 }
 
+// The request's bounds as the KV loop takes them: from shared memory with policy::BOUNDS_IN_SHARED
+// (`shared`, stored by run_cta before the first copy that reads them), else the registers of the
+// mask context `m` and the query tile's token range. (`m` itself then, not a copy: passing a copy
+// to the logits moved ptxas's register allocation of the ALiBi kernels, 246 -> 254 registers for
+// bf16 causal paged `w4q2kv64` at sm_80.)
+struct LoopBounds {
+  const RequestMaskContext& m;
+  const int& tok_first;
+  const int& tok_last;
+  const SharedBounds& shared;
+
+  __device__ __forceinline__ int kv_len() const {
+    if constexpr (policy::BOUNDS_IN_SHARED) {
+      return shared.kv_len();
+    } else {
+      return m.kv_len;
+    }
+  }
+  __device__ __forceinline__ decltype(auto) mask() const {
+    if constexpr (policy::BOUNDS_IN_SHARED) {
+      return shared.mask(m);
+    } else {
+      return (m);
+    }
+  }
+  __device__ __forceinline__ int tok_lo() const {
+    if constexpr (policy::TOKENS_IN_SHARED) {
+      return shared.tok_lo();
+    } else {
+      return tok_first;
+    }
+  }
+  __device__ __forceinline__ int tok_hi() const {
+    if constexpr (policy::TOKENS_IN_SHARED) {
+      return shared.tok_hi();
+    } else {
+      return tok_last;
+    }
+  }
+};
+
 }  // namespace prefill

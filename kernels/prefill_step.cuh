@@ -100,13 +100,14 @@ __device__ __forceinline__ void logits(const PrefillParams& p, const RowCoords& 
 // and the transform where they apply, the softmax update and O += P V (V rows from v_base, once
 // `await_v()` has returned).
 // float_logits_update: the same up to the softmax update, leaving P in `s` (F32Logits) for the
-// caller's P V.
-template <int NT, typename Rows>
+// caller's P V; `o` is what the update rescales: the output accumulators, or O_NT = 1 columns
+// of ones that collect each row's rescale factor for a caller whose P V is still in flight.
+template <int NT, typename Rows, int O_NT>
 __device__ __forceinline__ void float_logits_update(const PrefillParams& p, const Rows& rows,
                                                     const RequestMaskContext& m, const QueryTile& tile, int tok_lo,
                                                     int tok_hi, int k0, int lane, float softmax_scale,
                                                     Softmax& softmax, float (&s)[MMA_Q][NT][4],
-                                                    float (&o)[MMA_Q][VO_NT][4]) {
+                                                    float (&o)[MMA_Q][O_NT][4]) {
   // An unmasked sub-tile within the small form (from the accumulator) goes to the softmax as
   // FactoredSmallLogits: the transform merges into the exponents.
   // Within the short form too (VARIANT_HAS_SHORT_FORM), its cheaper factor: one more vote.

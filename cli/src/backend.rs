@@ -5,6 +5,7 @@
 //! Choosing a backend that cannot run here is an error that says why; nothing ever falls back to
 //! another backend silently. Only the default (no `--backend`) looks for the best one present.
 
+use attnforge::codegen::TileConfig;
 use attnforge::cpu::CpuBackend;
 use attnforge::cuda::{driver_present, CudaBackend};
 use attnforge::jit::Arch;
@@ -39,6 +40,22 @@ impl BackendKind {
     /// device's (`None`: the device's); a CPU backend with `tiles_of` is an error (it has one
     /// tiling).
     pub fn open_with_tiles_of(self, tiles_of: Option<Arch>) -> Result<Box<dyn Backend>, String> {
+        self.open_with(tiles_of, None)
+    }
+
+    /// [`open_with_tiles_of`](Self::open_with_tiles_of), the CUDA backend computing every
+    /// problem with `tile` when one is given (a CPU backend with one is an error).
+    pub fn open_with(
+        self,
+        tiles_of: Option<Arch>,
+        tile: Option<TileConfig>,
+    ) -> Result<Box<dyn Backend>, String> {
+        if let (BackendKind::Cpu, Some(tile)) = (self, tile) {
+            return Err(format!(
+                "--tile {} is a GPU tile; the cpu backend has none (use --backend cuda)",
+                tile.label()
+            ));
+        }
         match (self, tiles_of) {
             (BackendKind::Cpu, None) => Ok(Box::new(CpuBackend::detect())),
             (BackendKind::Cpu, Some(arch)) => Err(format!(
@@ -52,10 +69,23 @@ impl BackendKind {
                     Some(arch) => backend.with_tiles_of(arch).map_err(|e| e.to_string())?,
                     None => backend,
                 };
+                let backend = match tile {
+                    Some(tile) => backend.with_tile(tile),
+                    None => backend,
+                };
                 Ok(Box::new(backend))
             }
         }
     }
+}
+
+/// A tile named on the command line (`--tile w8q1kv64g`, `--tile ws4q1kv64`).
+pub fn parse_tile(s: &str) -> Result<TileConfig, String> {
+    TileConfig::parse(s).ok_or_else(|| {
+        format!(
+            "{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys) or ws4q1kv64 (warp-specialised, K/V stages)"
+        )
+    })
 }
 
 /// An architecture named on the command line (`--tiles-of sm_80`).

@@ -4,7 +4,8 @@
 //! Prints one line per failing case (and per case with `-v`) and ends with the line
 //! `N passed, M failed`; the exit status is non-zero when M > 0.
 
-use crate::backend::{parse_arch, BackendKind};
+use crate::backend::{parse_arch, parse_tile, BackendKind};
+use attnforge::codegen::{KernelSpec, KvCache, TileConfig};
 use attnforge::jit::Arch;
 use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
 use attnforge::verify::{run_cases, run_merge_case, smallest_case, CaseResult, SELF_CHECK};
@@ -41,6 +42,21 @@ pub struct VerifyArgs {
     /// `--tiles-of sm_80` runs the sm_80 (`mma.sync`) kernels on a Hopper GPU, compiled for it.
     #[arg(long, value_parser = parse_arch)]
     tiles_of: Option<Arch>,
+    /// Compute every case with this tile (cuda backend only), e.g. `--tile ws4q1kv64`: the cases
+    /// whose kernel the tile cannot compute (by K/V storage, QK accumulation, head dims) are left
+    /// out, and the header line counts them; the planner's tile otherwise.
+    #[arg(long, value_parser = parse_tile)]
+    tile: Option<TileConfig>,
+}
+
+/// Whether `tile` can compute the kernel of `case` (`None`: the planner's tile, always).
+fn tile_computes(tile: Option<TileConfig>, case: &Case) -> bool {
+    let kv = if case.paged.is_some() {
+        KvCache::Paged
+    } else {
+        KvCache::Ragged
+    };
+    tile.is_none_or(|t| KernelSpec::for_problem(&case.problem, kv, t).is_ok())
 }
 
 fn report(result: &CaseResult, seed: u64, verbose: bool) {
@@ -73,7 +89,7 @@ fn report(result: &CaseResult, seed: u64, verbose: bool) {
 /// Runs the suite; see the module doc.
 pub fn run(args: VerifyArgs) -> ExitCode {
     let kind = args.backend.unwrap_or_else(BackendKind::best);
-    let backend = match kind.open_with_tiles_of(args.tiles_of) {
+    let backend = match kind.open_with(args.tiles_of, args.tile) {
         Ok(b) => b,
         Err(why) => {
             eprintln!("error: {why}");
@@ -84,10 +100,22 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         SuiteArg::Quick => Suite::Quick,
         SuiteArg::Full => Suite::Full,
     };
-    let selected: Vec<Case> = cases(suite, args.seed, &backend.caps())
+    let named: Vec<Case> = cases(suite, args.seed, &backend.caps())
         .into_iter()
         .filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f)))
         .collect();
+    let named_count = named.len();
+    let selected: Vec<Case> = named
+        .into_iter()
+        .filter(|c| tile_computes(args.tile, c))
+        .collect();
+    if let Some(tile) = args.tile {
+        println!(
+            "verify: --tile {} leaves out {} of the {named_count} cases (a kernel it cannot compute)",
+            tile.label(),
+            named_count - selected.len()
+        );
+    }
     let merges: Vec<MergeCase> = merge_cases(suite, args.seed)
         .into_iter()
         .filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f)))
@@ -115,7 +143,10 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             .map(|case| run_merge_case(backend.as_ref(), case))
             .collect();
         // The backend's self-checks, with the smallest case of the whole list.
-        let all = cases(suite, args.seed, &backend.caps());
+        let all: Vec<Case> = cases(suite, args.seed, &backend.caps())
+            .into_iter()
+            .filter(|c| tile_computes(args.tile, c))
+            .collect();
         let wanted = args
             .filter
             .as_deref()

@@ -68,7 +68,8 @@ fn fp8_in_matrix(format: Fp8Format, variant: &VariantSpec) -> bool {
 /// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
 /// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
 /// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
-/// tile included), and each tile's wgmma twin where it has one. [`TileConfig::runs_on`] says
+/// tile included), each tile's wgmma twin where it has one, and the warp-specialised tile
+/// (sm_90a) where it can compute the kernel. [`TileConfig::runs_on`] says
 /// which targets each compiles for: a twin for sm_90a only, and the tile it replaces for the
 /// others. Then the fp8 caches: the paged kernels with f32 QK accumulation once more per fp8
 /// format, as [`fp8_in_matrix`] selects (the others read fp8 caches too, compiled on first
@@ -96,7 +97,16 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
                         for kv in KvCache::ALL {
-                            for tile in TileConfig::candidates(head_dims, qk_accum, kv) {
+                            let ws =
+                                TileConfig::warp_specialized(TileConfig::WARP_SPECIALIZED_STAGES);
+                            let ws = (ws.supports(kv)
+                                && ws.supports_qk_accum(qk_accum)
+                                && ws.supports_wgmma(head_dims))
+                            .then_some(ws);
+                            for tile in TileConfig::candidates(head_dims, qk_accum, kv)
+                                .into_iter()
+                                .chain(ws)
+                            {
                                 let wgmma = tile.for_arch(Arch::Sm90a, head_dims);
                                 let twin = (wgmma != tile).then_some(wgmma);
                                 for tile in std::iter::once(tile).chain(twin) {

@@ -69,7 +69,8 @@ policies! {
     /// Whole K/V tiles of a ragged two-buffer wgmma kernel arrive by the tensor memory accelerator
     /// (one thread issues the boxes on the buffer's mbarrier) when the launch passes tensor maps,
     /// instead of every thread's cp.async copies; a tile that reaches past the request's keys is
-    /// still copied by cp.async. Not paged: one box per page lost to the copies.
+    /// still copied by cp.async. Not paged: one box per page lost to the copies. The
+    /// warp-specialised tile's producer copies every whole tile so.
     tma_kv: bool => "TMA_KV",
     /// Tile 0's P V waits for its V rows separately, after S = Q K^T (one more barrier): only the
     /// rows layout can, and only its 32-row warps gained.
@@ -195,7 +196,7 @@ impl PrefillPolicy {
         let sum_by_mma =
             (t.mma_q >= 2 || (plain_wgmma_d128 && paged)) && (!bf16 || vo <= 64) && none_or_causal;
         PrefillPolicy {
-            tma_kv: t.wgmma && !paged && t.kv_stages == 2,
+            tma_kv: t.wgmma && !paged && (t.kv_stages == 2 || t.warp_specialized),
             first_v_late: !t.split_keys && t.mma_q >= 2,
             transform_from_acc,
             factored_small_form: has_small && transform_from_acc,

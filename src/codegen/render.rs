@@ -51,6 +51,17 @@ const PREFILL: [(&str, &str); 6] = [
     ),
     ("prefill.cuh", include_str!("../../kernels/prefill.cuh")),
 ];
+/// The warp-specialised prefill kernel (sm_90a), after the prefill templates it builds on.
+const PREFILL_WS: [(&str, &str); 2] = [
+    (
+        "ws_pipeline.cuh",
+        include_str!("../../kernels/ws_pipeline.cuh"),
+    ),
+    (
+        "prefill_ws.cuh",
+        include_str!("../../kernels/prefill_ws.cuh"),
+    ),
+];
 const MERGE_MATH: (&str, &str) = (
     "merge_math.cuh",
     include_str!("../../kernels/merge_math.cuh"),
@@ -152,6 +163,16 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, FP8);
     template(&mut out, KV_ROWS);
     let generated_line = |out: &String| out.lines().count() + 2;
+    // A warp-specialised tile's spec constants describe its two consumer warpgroups as the
+    // two-warpgroup tile the prefill templates know (two K/V buffers); its ring has its own.
+    let (kv_stages, ws_stages) = if spec.tile.warp_specialized {
+        (
+            2,
+            format!("constexpr int WS_KV_STAGES = {};\n", spec.tile.kv_stages),
+        )
+    } else {
+        (spec.tile.kv_stages, String::new())
+    };
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
         out,
@@ -160,18 +181,18 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
          constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool WGMMA = {};\n\
          constexpr bool KV_PAGED = {};\nconstexpr int KV_FP8 = {};\n\
-         constexpr int SMEM_BYTES = {smem_bytes};\n}}  // namespace spec",
+         constexpr int SMEM_BYTES = {smem_bytes};\n{ws_stages}}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
         cuda_dtype(spec.output_dtype),
         spec.head_dims.qk(),
         spec.head_dims.vo(),
         spec.qk_accum == QkAccum::F16,
         mask_constant(spec.mask),
-        spec.tile.num_warps,
+        spec.tile.compute_warps(),
         spec.tile.mma_q,
         spec.tile.kv_tile,
         spec.tile.kv_sub,
-        spec.tile.kv_stages,
+        kv_stages,
         spec.tile.split_keys,
         spec.tile.wgmma,
         spec.kv == KvCache::Paged,
@@ -187,19 +208,36 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     for file in PREFILL {
         template(&mut out, file);
     }
+    if spec.tile.warp_specialized {
+        for file in PREFILL_WS {
+            template(&mut out, file);
+        }
+    }
     template(&mut out, MERGE_MATH);
     template(&mut out, MERGE_STATE);
     let merge_entry = format!("{name}_merge");
-    let bounds = prefill_launch_bounds(smem_bytes, spec.tile);
+    let (bounds, size_check, body) = if spec.tile.warp_specialized {
+        (
+            WS_LAUNCH_BOUNDS.to_string(),
+            "prefill::WS_SMEM_BYTES",
+            "prefill::run_ws_cta(params)",
+        )
+    } else {
+        (
+            prefill_launch_bounds(smem_bytes, spec.tile),
+            "prefill::SMEM_BYTES",
+            "prefill::run_cta(params)",
+        )
+    };
     let _ = writeln!(out, "#line {} \"{file_name}\"", generated_line(&out));
     let _ = writeln!(
         out,
-        "static_assert(prefill::SMEM_BYTES == spec::SMEM_BYTES, \"shared memory size agrees with the host\");\n\
+        "static_assert({size_check} == spec::SMEM_BYTES, \"shared memory size agrees with the host\");\n\
          static_assert(merge::NUM_THREADS == {MERGE_THREADS} && merge::WARPS == {MERGE_ROWS_PER_CTA}, \"merge launch shape\");\n\
          static_assert(CUSTOM_MASK_PAD_BYTES == {CUSTOM_MASK_PAD_BYTES}, \"custom mask padding agrees with the host\");\n\
          {bounds}\
          extern \"C\" __global__ void ATTNFORGE_PREFILL_BOUNDS\n\
-         {name}(const __grid_constant__ PrefillParams params) {{\n  prefill::run_cta(params);\n}}\n\
+         {name}(const __grid_constant__ PrefillParams params) {{\n  {body};\n}}\n\
          extern \"C\" __global__ void __launch_bounds__(merge::NUM_THREADS)\n\
          {merge_entry}(const __grid_constant__ PrefillParams params) {{\n  merge::run(params);\n}}"
     );
@@ -216,6 +254,13 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         params: layout,
     }
 }
+
+/// The warp-specialised kernel's `__launch_bounds__`: its 384 threads, one CTA per SM, so that
+/// ptxas caps the launch at 168 registers a thread, which the roles then trade by `setmaxnreg`
+/// (sm_90a only: the tile runs nowhere else).
+const WS_LAUNCH_BOUNDS: &str = "#if __CUDA_ARCH__ >= 900\n\
+     #define ATTNFORGE_PREFILL_BOUNDS __launch_bounds__(prefill::WS_THREADS, 1)\n\
+     #else\n#error \"the warp-specialised prefill kernel needs sm_90a\"\n#endif\n";
 
 /// The prefill kernel's `__launch_bounds__`, per target (a preprocessor choice on
 /// `__CUDA_ARCH__`, since one source is compiled for every architecture): the minimum of resident

@@ -147,6 +147,34 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
     Ok(())
 }
 
+/// Refuses a problem the warp-specialised tile cannot compute, saying what it can: ragged K/V,
+/// f32 QK accumulation, head dims 64 and 128 (the ring in one CTA's shared memory).
+fn check_warp_specialized(
+    problem: &AttentionProblem,
+    kv: KvCache,
+    tile: TileConfig,
+) -> Result<(), Error> {
+    let what = if !tile.supports(kv) {
+        Some(format!("{} K/V", kv.name()))
+    } else if !tile.supports_qk_accum(problem.qk_accum) {
+        Some(format!("{} QK accumulation", problem.qk_accum.name()))
+    } else if !tile.supports_wgmma(problem.head_dims) {
+        Some(format!("head dims {}", problem.head_dims))
+    } else {
+        None
+    };
+    match what {
+        None => Ok(()),
+        Some(what) => Err(Error::Unsupported {
+            backend: "cuda",
+            what: format!("the warp-specialised tile {} with {what}", tile.label()),
+            supported:
+                "ragged K/V, f32 QK accumulation, head dims 64 and 128 (a ring of at most 227 KB)"
+                    .into(),
+        }),
+    }
+}
+
 impl KernelSpec {
     /// The spec that runs `problem` with K/V from `kv` and CTA tiling `tile` (the planner picks
     /// it: `cuda::choose_tile_on`). Fails when the problem needs something the generator cannot emit (f32
@@ -158,6 +186,9 @@ impl KernelSpec {
         tile: TileConfig,
     ) -> Result<KernelSpec, Error> {
         check_cuda_dtypes(problem)?;
+        if tile.warp_specialized {
+            check_warp_specialized(problem, kv, tile)?;
+        }
         if !tile.supports(kv) {
             return Err(Error::Unsupported {
                 backend: "cuda",
@@ -211,6 +242,10 @@ impl KernelSpec {
     /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, and what the
     /// policy adds ([`PrefillPolicy::smem_bytes`]).
     pub fn smem_bytes(&self) -> u32 {
+        if self.tile.warp_specialized {
+            // The Q tile, the ring and its barriers: no thread pointers, no policy bytes.
+            return self.tile.smem_bytes(self.head_dims);
+        }
         let page_ids = match self.kv {
             KvCache::Ragged => 0,
             KvCache::Paged => 2 * self.tile.kv_tile * 4,

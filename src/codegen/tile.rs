@@ -30,6 +30,11 @@ pub struct TileConfig {
     /// than `mma.sync`: one or two warpgroups of row warps over 64-key sub-tiles, for the kernels
     /// [`supports_wgmma`](Self::supports_wgmma) allows.
     pub wgmma: bool,
+    /// The warp-specialised kernel (`kernels/prefill_ws.cuh`, sm_90a): a producer warpgroup
+    /// fills a ring of `kv_stages` K/V stages by TMA while two consumer warpgroups of 64 rows
+    /// each (`num_warps` 12 in all, `mma_q` 1, `wgmma`) take turns at the tensor cores. Label
+    /// `ws{kv_stages}q1kv64`; see [`WARP_SPECIALIZED_STAGES`](Self::WARP_SPECIALIZED_STAGES).
+    pub warp_specialized: bool,
 }
 
 /// Bytes of one 16-byte shared-memory chunk (8 elements of 16 bits).
@@ -39,11 +44,21 @@ const CHUNK_ELEMS: u32 = 8;
 /// Shared memory a wgmma tile adds so that the kernel can align its tiles to 1024 bytes (the
 /// period of wgmma's swizzle): `SMEM_ALIGN_SLACK` in kernels/prefill.cuh.
 const WGMMA_ALIGN_SLACK: u32 = 1024;
+/// Bytes of one mbarrier.
+const MBARRIER_BYTES: u32 = 8;
+/// The producer warpgroup of a warp-specialised tile.
+const WS_PRODUCER_WARPS: u32 = 4;
+/// Dynamic shared memory one CTA may have on sm_90a (227 KB).
+const MAX_SHARED_MEMORY_PER_CTA_SM90: u32 = 227 * 1024;
 
 impl TileConfig {
     /// Packed query rows per CTA.
     pub fn cta_q(self) -> u32 {
-        let row_warps = if self.split_keys { 1 } else { self.num_warps };
+        let row_warps = if self.split_keys {
+            1
+        } else {
+            self.compute_warps()
+        };
         row_warps * self.mma_q * 16
     }
 
@@ -52,18 +67,48 @@ impl TileConfig {
         self.num_warps * 32
     }
 
+    /// Warps that compute (own query rows or keys): all of them, but the producer warpgroup of a
+    /// warp-specialised tile.
+    pub fn compute_warps(self) -> u32 {
+        if self.warp_specialized {
+            self.num_warps - WS_PRODUCER_WARPS
+        } else {
+            self.num_warps
+        }
+    }
+
     /// Dynamic shared memory: the Q tile and `kv_stages` K and V tiles each.
     pub fn smem_bytes(self, dims: HeadDims) -> u32 {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
-        self.cta_q() * qk_row + self.kv_stages * self.kv_tile * (qk_row + vo_row) + align_slack
+        // The warp-specialised tile adds its ring's barriers and an output stage of its own
+        // (its Q tile takes the next work item's rows while the output is stored).
+        let ws_extra = if self.warp_specialized {
+            2 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row
+        } else {
+            0
+        };
+        self.cta_q() * qk_row
+            + self.kv_stages * self.kv_tile * (qk_row + vo_row)
+            + align_slack
+            + ws_extra
     }
 
     /// Whether this tile can compute a kernel with these head dims: always without wgmma; with
     /// it, head dims 64, 128 and 256 (either QK accumulation).
     pub fn supports_wgmma(self, dims: HeadDims) -> bool {
+        if self.warp_specialized {
+            return self.supports_warp_specialized(dims);
+        }
         !self.wgmma || matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
+    }
+
+    /// Whether this warp-specialised tile can compute a kernel with these head dims: 64 and
+    /// 128, with the ring in one CTA's shared memory on sm_90a.
+    fn supports_warp_specialized(self, dims: HeadDims) -> bool {
+        matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128))
+            && self.smem_bytes(dims) <= MAX_SHARED_MEMORY_PER_CTA_SM90
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin where the kernel supports
@@ -115,7 +160,9 @@ impl TileConfig {
     /// `verify --tiles-of sm_80` to run sm_80's kernels on a Hopper GPU) and otherwise refuses one
     /// forced on it, so `attnforge compile` does not build those kernels for sm_90a.
     pub fn runs_on(self, arch: Arch, dims: HeadDims) -> bool {
-        if self.wgmma {
+        if self.warp_specialized {
+            arch == Arch::Sm90a && self.supports_warp_specialized(dims)
+        } else if self.wgmma {
             arch == Arch::Sm90a
         } else {
             self.for_arch(arch, dims) == self
@@ -123,14 +170,53 @@ impl TileConfig {
     }
 
     /// Whether a kernel over K/V from `kv` can use this tiling: a single K/V buffer only over
-    /// ragged rows (the paged loads stage page ids one tile ahead in two buffers).
+    /// ragged rows (the paged loads stage page ids one tile ahead in two buffers); the
+    /// warp-specialised ring only over ragged rows (its tiles arrive by TMA).
     pub fn supports(self, kv: KvCache) -> bool {
+        if self.warp_specialized {
+            return kv == KvCache::Ragged;
+        }
         self.kv_stages == 2 || kv == KvCache::Ragged
     }
+
+    /// Whether a kernel with this QK accumulation can use this tiling: the warp-specialised
+    /// tile accumulates S = Q K^T in f32 only.
+    pub fn supports_qk_accum(self, qk_accum: QkAccum) -> bool {
+        !self.warp_specialized || qk_accum == QkAccum::F32
+    }
+
+    /// Whether a plan may split the KV range over several CTAs with this tile: not with the
+    /// warp-specialised tile, which writes no partial results.
+    pub fn supports_kv_split(self) -> bool {
+        !self.warp_specialized
+    }
+
+    /// The warp-specialised tile with a ring of `stages` K/V stages.
+    pub fn warp_specialized(stages: u32) -> TileConfig {
+        TileConfig {
+            num_warps: WS_PRODUCER_WARPS + 8,
+            mma_q: 1,
+            kv_tile: 64,
+            kv_sub: 64,
+            split_keys: false,
+            kv_stages: stages,
+            wgmma: true,
+            warp_specialized: true,
+        }
+    }
+
+    /// K/V stages of the warp-specialised tile in the compile matrix: a consumer releases tile
+    /// j - 1's stage while it computes tile j, so two is the least, and each stage more lets the
+    /// producer's copies run a tile further ahead (four: 160 KB at head dim 128, one CTA per SM
+    /// either way). `attnforge bench --tile ws2q1kv64` (or `ws3q1kv64`) measures the others.
+    pub const WARP_SPECIALIZED_STAGES: u32 = 4;
 
     /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles,
     /// `w4q1kv64s16k` when the warps split the keys and `w4q1kv64b1` with one K/V buffer.
     pub fn label(self) -> String {
+        if self.warp_specialized {
+            return format!("ws{}q{}kv{}", self.kv_stages, self.mma_q, self.kv_tile);
+        }
         let sub = if self.kv_sub == self.kv_tile {
             String::new()
         } else {
@@ -146,9 +232,18 @@ impl TileConfig {
     }
 
     /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
-    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w8q1kv64g`); `None` for anything else or a tiling the
-    /// kernel cannot run.
+    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w8q1kv64g`, the warp-specialised `ws4q1kv64`); `None`
+    /// for anything else or a tiling the kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
+        if let Some(rest) = s.strip_prefix("ws") {
+            let (stages, rest) = rest.split_once('q')?;
+            let (q, kv) = rest.split_once("kv")?;
+            let t = TileConfig::warp_specialized(stages.parse().ok()?);
+            let valid = (2..=8).contains(&t.kv_stages)
+                && q.parse::<u32>().ok()? == t.mma_q
+                && kv.parse::<u32>().ok()? == t.kv_tile;
+            return valid.then_some(t);
+        }
         let (s, wgmma) = match s.strip_suffix('g') {
             Some(rest) => (rest, true),
             None => (s, false),
@@ -173,6 +268,7 @@ impl TileConfig {
             split_keys,
             kv_stages,
             wgmma,
+            warp_specialized: false,
         };
         let valid = (1..=8).contains(&t.num_warps)
             && (1..=4).contains(&t.mma_q)
@@ -207,6 +303,7 @@ impl TileConfig {
             split_keys: false,
             kv_stages,
             wgmma: false,
+            warp_specialized: false,
         };
         let mut tiles = match (dims.qk(), qk_accum, kv) {
             (64, _, _) => vec![tile(2, 64, 64, 2), tile(1, 64, 64, 2)],
@@ -234,6 +331,7 @@ impl TileConfig {
         split_keys: false,
         kv_stages: 2,
         wgmma: true,
+        warp_specialized: false,
     };
 
     /// The key-split tile for `dims`: 16 query rows shared by every warp, 16-key sub-tiles
@@ -250,6 +348,7 @@ impl TileConfig {
             split_keys: true,
             kv_stages: 2,
             wgmma: false,
+            warp_specialized: false,
         }
     }
 

@@ -28,6 +28,8 @@ pub struct CudaBackend {
     /// The architecture whose tiles the plans take ([`PlanOptions::tiles_of`]; `None`: the
     /// device's).
     tiles_of: Option<Arch>,
+    /// The tile every plan takes, whatever the case asks (`None`: the case's request).
+    tile: Option<TileConfig>,
 }
 
 impl CudaBackend {
@@ -36,7 +38,17 @@ impl CudaBackend {
         Ok(CudaBackend {
             engine: Engine::new(ordinal)?,
             tiles_of: None,
+            tile: None,
         })
+    }
+
+    /// This backend computing every problem with `tile` (`verify --tile`): a problem the tile
+    /// cannot compute fails with the plan's error, which names what the tile supports.
+    pub fn with_tile(self, tile: TileConfig) -> CudaBackend {
+        CudaBackend {
+            tile: Some(tile),
+            ..self
+        }
     }
 
     /// This backend planning the tiles of `arch` rather than the device's (see
@@ -61,6 +73,9 @@ impl CudaBackend {
         kv: KvCache,
         tile: TileRequest,
     ) -> Result<Option<TileConfig>, Error> {
+        if self.tile.is_some() {
+            return Ok(self.tile);
+        }
         match tile {
             TileRequest::Planned => Ok(None),
             TileRequest::WidestRows => {
@@ -164,10 +179,13 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         let info = self.engine.info();
-        let tiles = match self.tiles_of {
+        let mut tiles = match self.tiles_of {
             Some(arch) => format!(", planning the tiles of {}", arch.name()),
             None => String::new(),
         };
+        if let Some(tile) = self.tile {
+            tiles.push_str(&format!(", every plan on tile {}", tile.label()));
+        }
         format!(
             "cuda ({}, {}, {} SMs{tiles})",
             info.name,

@@ -10,7 +10,8 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::problem_arrays::ProblemArrays;
 use super::schedule::{
-    choose_kv_split, choose_tile_on, prefill_work, split_slots, KvSplit, SplitChoice,
+    choose_kv_split, choose_tile_on, item_costs, prefill_work, split_slots, KvSplit, SplitChoice,
+    WorkItem, CTA_OVERHEAD_KEYS,
 };
 use super::tma::{kv_tensor_map, KvView};
 use crate::codegen::{
@@ -134,6 +135,8 @@ pub(crate) struct KernelPlan {
     pub spec: KernelSpec,
     kernel: Arc<LoadedKernel>,
     layout: ParamBlockLayout,
+    /// CTAs per launch: one per work item, or with the warp-specialised tile (persistent CTAs,
+    /// [`persistent_work`]) at most one per slot.
     pub num_work: u32,
     pub split: Option<KvSplit>,
     workspace: Option<Workspace>,
@@ -159,6 +162,34 @@ fn check_tile_runs_on(tile: TileConfig, arch: Arch, dims: HeadDims) -> Result<()
         what: format!("tile {} on {}", tile.label(), arch.name()),
         supported,
     })
+}
+
+/// The launch of a persistent kernel (the warp-specialised tile) over work items with their
+/// costs in keys, in the planner's launch order: at most one CTA per slot; each item, in that
+/// order, goes to the CTA whose items so far cost least (each item also costing
+/// `CTA_OVERHEAD_KEYS`), as the block scheduler deals items to the CTA that frees first. CTA `b`
+/// reads positions `b, b + grid, ..` of the list: its k-th item at `k * grid + b`, then an end
+/// marker (request -1), which also fills every position no CTA has an item for.
+fn persistent_work(slots: usize, items: Vec<(usize, WorkItem)>) -> (u32, Vec<i32>) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let grid = items.len().min(slots.max(1));
+    let mut queues: Vec<Vec<WorkItem>> = vec![Vec::new(); grid];
+    let mut load: BinaryHeap<Reverse<(usize, usize)>> =
+        (0..grid).map(|b| Reverse((0, b))).collect();
+    for (cost, item) in items {
+        if let Some(Reverse((done, b))) = load.pop() {
+            queues[b].push(item);
+            load.push(Reverse((done + cost + CTA_OVERHEAD_KEYS, b)));
+        }
+    }
+    let rounds = queues.iter().map(Vec::len).max().unwrap_or(0) + 1;
+    let end = [-1, 0, 0, 0, 0, 0, 0, 0];
+    let work = (0..rounds)
+        .flat_map(|k| queues.iter().map(move |q| q.get(k).copied().unwrap_or(end)))
+        .flatten()
+        .collect();
+    (grid as u32, work)
 }
 
 impl KernelPlan {
@@ -193,15 +224,38 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
-        let planned = choose_kv_split(
-            problem,
-            cta_q,
-            kv_tile,
-            split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
-        );
+        let planned = if spec.tile.supports_kv_split() {
+            choose_kv_split(
+                problem,
+                cta_q,
+                kv_tile,
+                split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
+            )
+        } else {
+            None
+        };
         let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
         let split = options.split.resolve(planned, max_kv, kv_tile)?;
-        let items = prefill_work(problem, cta_q, split.as_ref(), slots);
+        if split.is_some() && !spec.tile.supports_kv_split() {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("a split KV range with tile {}", spec.tile.label()),
+                supported:
+                    "unsplit plans with the warp-specialised tile (it writes no partial results)"
+                        .into(),
+            });
+        }
+        let (items, costs): (Vec<WorkItem>, Vec<usize>) = if spec.tile.warp_specialized {
+            item_costs(problem, cta_q, split.as_ref(), slots)
+                .into_iter()
+                .map(|(cost, item)| (item, cost))
+                .unzip()
+        } else {
+            (
+                prefill_work(problem, cta_q, split.as_ref(), slots),
+                Vec::new(),
+            )
+        };
         let num_work = u32::try_from(items.len())
             .ok()
             .filter(|&n| n <= i32::MAX as u32)
@@ -210,7 +264,11 @@ impl KernelPlan {
                 what: format!("a launch of {} CTAs", items.len()),
                 supported: format!("at most {} CTAs per launch (the grid's x limit)", i32::MAX),
             })?;
-        let work: Vec<i32> = items.into_iter().flatten().collect();
+        let (num_work, work) = if spec.tile.warp_specialized {
+            persistent_work(slots, costs.into_iter().zip(items).collect())
+        } else {
+            (num_work, items.into_iter().flatten().collect())
+        };
         let workspace = match &split {
             Some(s) => {
                 let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
@@ -293,6 +351,16 @@ impl KernelPlan {
         let group_div = FastDivisor::new(p.group_size() as u32);
         let (k_tmap, v_tmap) = self.kv_tensor_maps(kv);
         let kv_tma = k_tmap.is_some() && v_tmap.is_some();
+        if self.spec.tile.warp_specialized && !kv_tma {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!(
+                    "tile {} over K/V views the tensor memory accelerator cannot address",
+                    self.spec.tile.label()
+                ),
+                supported: "K and V with positive strides and a base address that are multiples of 16 bytes, fewer than 2^31 tokens (every tile arrives by TMA)".into(),
+            });
+        }
         let fixed = PrefillParams {
             k_tmap: k_tmap.unwrap_or_default(),
             v_tmap: v_tmap.unwrap_or_default(),
@@ -447,5 +515,46 @@ mod tests {
             .expect_err("wgmma tiles on sm_89")
             .to_string();
         assert!(text.contains("sm_90a") && text.contains("sm_80"), "{text}");
+    }
+
+    // The persistent launch: at most one CTA per slot; every item once, each CTA's walk over
+    // the list (b, b + grid, ..) meets its items and then an end marker, and the costs are
+    // balanced as the block scheduler would (no CTA's load exceeds another's by more than the
+    // largest item).
+    #[test]
+    fn persistent_work_deals_every_item_once_and_balances_the_ctas() {
+        for (items, slots) in [(1usize, 132usize), (5, 3), (132, 132), (1000, 132), (7, 7)] {
+            // Costs like a causal prefill's: longest first, from `items` keys down to 1.
+            let list: Vec<(usize, WorkItem)> = (0..items)
+                .map(|i| (items - i, [i as i32, 0, 0, 0, 0, 0, 0, 0]))
+                .collect();
+            let (grid, work) = persistent_work(slots, list);
+            let grid = grid as usize;
+            assert_eq!(grid, items.min(slots));
+            assert_eq!(work.len() % (8 * grid), 0);
+            let mut seen = vec![0; items];
+            let mut loads = Vec::new();
+            for b in 0..grid {
+                let (mut i, mut load) = (b, 0);
+                while work[8 * i] >= 0 {
+                    let item = work[8 * i] as usize;
+                    seen[item] += 1;
+                    load += items - item + CTA_OVERHEAD_KEYS;
+                    i += grid;
+                }
+                assert!(
+                    i < work.len() / 8,
+                    "CTA {b}'s walk ends on a marker inside the list"
+                );
+                loads.push(load);
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{items} items over {slots} slots"
+            );
+            let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+            assert!(max - min <= items + CTA_OVERHEAD_KEYS, "{loads:?}");
+        }
+        assert_eq!(persistent_work(132, Vec::new()), (0, Vec::new()));
     }
 }

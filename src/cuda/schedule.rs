@@ -125,7 +125,7 @@ fn query_tiles(problem: &AttentionProblem, cta_q: usize) -> Vec<(usize, usize, u
 /// Fixed cost of one CTA in units of keys streamed: launch, the Q load, the first K/V load's
 /// latency and the epilogue (a few microseconds against about 50 ns per key of one KV head at
 /// full bandwidth).
-const CTA_OVERHEAD_KEYS: usize = 64;
+pub(crate) const CTA_OVERHEAD_KEYS: usize = 64;
 /// Cost of a split in units of keys streamed by one CTA slot: the merge kernel's launch.
 const MERGE_OVERHEAD_KEYS: usize = 128;
 /// Cost of one chunk's partial result per packed query row of its tile, in keys: the f32 row
@@ -334,7 +334,7 @@ const L2_SHARE_BYTES: usize = 32 << 20;
 /// Every work item with its cost (visible keys), in launch order: longest first within each
 /// L2 section ([`l2_sections`]), and equal costs head by head (request, KV head, query tile,
 /// chunk), so that the CTAs resident at one time share few heads' K/V.
-fn item_costs(
+pub(crate) fn item_costs(
     problem: &AttentionProblem,
     cta_q: usize,
     split: Option<&KvSplit>,

@@ -1,0 +1,334 @@
+// prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta is a
+// persistent CTA that computes the work items (request, query tile, KV head) at positions
+// blockIdx.x, blockIdx.x + gridDim.x, .. of the work list, up to an end marker (the host balances
+// the CTAs' items: cuda/plan.rs), each over its whole visible KV range, with the roles of
+// FlashAttention-3's published technique:
+//
+// - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
+//   WS_STAGES K/V stages (ws_pipeline.cuh): its thread 0 issues each whole tile's TMA boxes on the
+//   stage's full mbarrier (expect-tx); a request's last, partial tile is copied by the
+//   warpgroup's cp.async with the rows past the request zero-filled, then announced on the same
+//   barrier;
+// - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
+//   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
+//   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
+//   (prefill_step.cuh), the stores of prefill_epilogue.cuh;
+// - the consumers take turns at the tensor cores (ping-pong, two named barriers): a warpgroup
+//   issues its products of a turn (S_j = Q K_j^T, then P_{j-1} V_{j-1}) and hands the turn over,
+//   so that its softmax runs while the other warpgroup's products do;
+// - inside a warpgroup, the softmax of S_j runs while P_{j-1} V_{j-1} is still being computed:
+//   the update's rescale of the output is collected as factors and applied once that product is
+//   done (nothing is in flight from one tile to the next, so ptxas keeps the products async).
+//
+// Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j; logits, mask and
+// softmax update; wait for P_{j-1} V_{j-1} and release tile j - 1's stage; rescale o; P_j packed to
+// registers. Tile 0's S and the last tile's P V take a turn each. Q is read into registers once
+// per item (S = Q K^T takes it as A fragments), so each warp then loads its next item's Q rows
+// while this one computes; the output is staged in a region of its own. The ring's tiles count
+// on across items, so the producer runs ahead into the next item's.
+// Requires: everything prefill.cuh does, and ws_pipeline.cuh.
+
+namespace prefill {
+
+constexpr int WS_STAGES = spec::WS_KV_STAGES;
+constexpr int WS_PRODUCER_THREADS = 128;
+constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
+// Registers per thread after the hand-over: 40 x 128 + 232 x 256 = 64512 of the SM's 65536, as
+// many as the launch's 168 x 384 (ptxas's cap for 384 threads).
+constexpr int WS_PRODUCER_REGS = 40;
+constexpr int WS_CONSUMER_REGS = 232;
+constexpr int WS_BARRIER_BYTES = 2 * WS_STAGES * 8;
+// The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout).
+constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
+constexpr int WS_SMEM_BYTES = Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
+                              WS_BARRIER_BYTES + SMEM_ALIGN_SLACK;
+// Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
+// consumer warpgroup's turn at the tensor cores (4, 5).
+constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
+
+static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && KV_TILE == 64 && KV_SUB == 64 && !spec::KV_PAGED &&
+                  !spec::QK_F16_ACCUM,
+              "warp-specialised tile: two consumer warpgroups of 64 rows, 64-key tiles, ragged K/V, f32 QK");
+static_assert(WS_STAGES >= 2, "tile j + 1 lands while tile j is computed");
+static_assert(!policy::SUM_BY_MMA, "the row sums are rescaled by the softmax update, before the output is");
+static_assert(WS_PRODUCER_REGS * WS_PRODUCER_THREADS + WS_CONSUMER_REGS * NUM_THREADS <= 65536, "register file");
+
+using WsRing = ws::KvRing<WS_STAGES, KTile, VTile, K_TILE_BYTES, V_TILE_BYTES>;
+
+// One work item as a CTA of either role sees it: its request's bounds, query tile, token range and
+// visible KV tiles (run_cta's set-up, without a KV split).
+struct WsItem {
+  RequestMaskContext m;
+  QueryTile tile;
+  int qo_start, kv_start;
+  int tok_lo, tok_hi;
+  int kv_lo, num_tiles;
+};
+
+// Work item `index` of the list into `it`; false at an end marker (request -1).
+__device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsItem& it) {
+  const int4 work = p.work[2 * index];      // (request, query tile, kv head, kv chunk)
+  if (work.x < 0) return false;
+  const int4 span = p.work[2 * index + 1];  // (qo start, qo len, kv start, kv len)
+  it.qo_start = span.x;
+  it.kv_start = span.z;
+  it.m.qo_len = span.y;
+  it.m.kv_len = span.w;
+  it.m.window_left = p.window_left;
+  it.m.custom_bits = spec::MASK_KIND == MASK_CUSTOM ? p.custom_mask + p.mask_indptr[work.x] : nullptr;
+  it.tile.row0 = work.y * CTA_Q;
+  it.tile.packed_len = it.m.qo_len * p.group_size;
+  it.tile.kv_head = work.z;
+  it.tile.group = p.group_size;
+  it.tile.group_div = FastDivisor{p.group_div_magic, p.group_div_shift};
+  it.tok_lo = it.tile.group_div.div(it.tile.row0);
+  it.tok_hi = it.tile.group_div.div(min(it.tile.row0 + CTA_Q, it.tile.packed_len) - 1);
+  int kv_hi;
+  visible_key_range<spec::MASK_KIND>(it.m, it.tok_lo, it.tok_hi, it.kv_lo, kv_hi);
+  it.kv_lo = it.kv_lo / KV_TILE * KV_TILE;
+  it.num_tiles = kv_hi > it.kv_lo ? (kv_hi - it.kv_lo + KV_TILE - 1) / KV_TILE : 0;
+  return true;
+}
+
+// The producer warpgroup: every K/V tile of item `it` into the ring, in order, as ring tiles
+// first, first + 1, ...
+__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
+  for (int j = 0; j < it.num_tiles; ++j) {
+    const int t = first + j;
+    const int k0 = it.kv_lo + j * KV_TILE;
+    ring.wait_empty(t);
+    if (it.m.kv_len - k0 >= KV_TILE) {
+      if (threadIdx.x == 0) {
+        const u32_t bar = ring.full(t);
+        mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
+        const int row = it.kv_start + k0;
+#pragma unroll
+        for (int g = 0; g < QK_CHUNKS / 8; ++g)
+          tma_load_3d(ring.k(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, it.tile.kv_head, row, bar);
+#pragma unroll
+        for (int g = 0; g < VO_CHUNKS / 8; ++g)
+          tma_load_3d(ring.v(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, it.tile.kv_head, row, bar);
+      }
+    } else {
+      // The request's last tile: its rows past the keys are zeros, not the next request's.
+      const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + it.kv_start * p.k_stride_token +
+                                it.tile.kv_head * p.k_stride_head,
+                            p.k_stride_token, nullptr, 0, 0, 0};
+      const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + it.kv_start * p.v_stride_token +
+                                it.tile.kv_head * p.v_stride_head,
+                            p.v_stride_token, nullptr, 0, 0, 0};
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, WS_PRODUCER_THREADS>(ring.k(t), k_rows, k0, it.m.kv_len - k0);
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, WS_PRODUCER_THREADS>(ring.v(t), v_rows, k0, it.m.kv_len - k0);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      ws::named_sync(WS_BAR_PRODUCER, WS_PRODUCER_THREADS);
+      if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(t));
+    }
+  }
+}
+
+// Consumer warp `cwarp` (0..7): the copies of its block of Q rows of item `it` into the Q tile
+// (its own rows, which only it reads), as one cp.async group, not waited for.
+__device__ __forceinline__ void ws_load_q_async(const PrefillParams& p, const WsItem& it, const QTile& q_tile,
+                                                int cwarp, int lane) {
+  const int q_row0 = cwarp * Q_ROWS_PER_WARP;
+  const i64_t lane_row =
+      lane < Q_ROWS_PER_WARP ? it.tile.row_offset(q_row0 + lane, it.qo_start, p.q_stride_token, p.q_stride_head) : 0;
+  const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
+  for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+    const i64_t row = shfl_i64(lane_row, r);
+    cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)),
+                it.tile.valid(q_row0 + r));
+  });
+  cp_async_commit();
+}
+
+// d (+)= A B, m64n64k16, f32 accumulators, A from registers (the m16n8k16 A fragment of the
+// warp's 16 rows), B K-major from shared memory; `accumulate` false overwrites d.
+__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor(float (&d)[8][4], const u32_t (&a)[4], u64_t b_desc,
+                                                          bool accumulate) {
+  if constexpr (DTypeTraits<DTypeIn>::IS_BF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " AF_WGMMA_D32_TEXT
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+                 : AF_WGMMA_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " AF_WGMMA_D32_TEXT
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+                 : AF_WGMMA_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
+}
+
+// This warp's Q rows as the A fragments of S = Q K^T, one per k16 step, read once from the Q tile:
+// the products then read only K from shared memory (with Q there too, two warpgroups' m64n64k16
+// products and the TMA copies together would ask for all of the SM's shared-memory bandwidth).
+__device__ __forceinline__ void ws_load_q_fragments(const FragAddrs& f, u32_t (&qf)[QK_CHUNKS / 2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) ldmatrix_x4(qf[kk], f.q.at(f.q_base, 0, kk * 2));
+}
+
+// S = Q K^T for one 64-key tile (K rows from `k_base`), issued as one wgmma group (not waited for).
+__device__ __forceinline__ void ws_issue_qk(const u32_t (&qf)[QK_CHUNKS / 2][4], u32_t k_base,
+                                            float (&s)[MMA_Q][KV_NT][4]) {
+  const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
+#pragma unroll
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk)
+    wgmma_m64n64k16_rs_kmajor(s[0], qf[kk], k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32), kk > 0);
+  wgmma_commit();
+}
+
+// O += P V for one 64-key tile, issued as one wgmma group (not waited for): P as the A fragments
+// of its four k16 blocks, V N-major from `v_base`.
+__device__ __forceinline__ void ws_issue_pv(u32_t v_base, const u32_t (&pf)[KV_NT / 2][MMA_Q][4],
+                                            float (&o)[MMA_Q][VO_NT][4]) {
+  const WgmmaDesc v = WgmmaDesc::sw128(v_base, VTile::GROUP_BYTES, SW128_GROUP_BYTES);
+#pragma unroll
+  for (int kk = 0; kk < KV_NT / 2; ++kk)
+#pragma unroll
+    for (int db = 0; db < VO_NT / 8; ++db)
+      wgmma_m64n64k16_rs_nmajor<DTypeIn>(reinterpret_cast<float(&)[8][4]>(o[0][db * 8]), pf[kk][0],
+                                         v.at(db * VTile::GROUP_BYTES + kk * 16 * 128));
+  wgmma_commit();
+}
+
+// One persistent CTA of the warp-specialised kernel (see the file comment): the work items at
+// positions blockIdx.x, blockIdx.x + gridDim.x, .. until an end marker. A template for the reason run_cta
+// is one.
+template <int = 0>
+__device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u32_t raw_base = smem_addr(smem_raw);
+  const u32_t smem_base = (raw_base + 1023u) & ~1023u;
+  const QTile q_tile{smem_base};
+  const u32_t k_base = q_tile.base + Q_TILE_BYTES;
+  const u32_t v_base = k_base + WS_STAGES * K_TILE_BYTES;
+  const u32_t o_stage = v_base + WS_STAGES * V_TILE_BYTES;
+  const WsRing ring{k_base, v_base, o_stage + O_STAGE_BYTES};
+  if (threadIdx.x == 0) ring.init(NUM_THREADS);
+  __syncthreads();
+
+  if (warp < WS_PRODUCER_THREADS / 32) {
+    ws::registers_dec<WS_PRODUCER_REGS>();
+    int first = 0;  // ring tiles of the items before
+    WsItem it;
+    for (int i = blockIdx.x; ws_item(p, i, it); i += gridDim.x) {
+      ws_produce(p, ring, it, first);
+      first += it.num_tiles;
+    }
+    return;
+  }
+  ws::registers_inc<WS_CONSUMER_REGS>();
+
+  // This consumer warpgroup (0 or 1) and warp (0..7 over both).
+  const int consumer = static_cast<int>(warp_uniform(warp / 4 - 1));
+  const int cwarp = warp - WS_PRODUCER_THREADS / 32;
+  const WarpRows warp_rows{consumer * WARPGROUP_ROWS + (cwarp % 4) * 16};
+  const u32_t my_turn = WS_BAR_TURN + consumer, other_turn = WS_BAR_TURN + 1 - consumer;
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
+  unsigned char* const o_bytes = smem_raw + (o_stage - raw_base);
+
+  int first = 0;  // ring tiles of the items before
+  WsItem it;
+  bool more = ws_item(p, blockIdx.x, it);
+  if (more) ws_load_q_async(p, it, q_tile, cwarp, lane);
+  for (int i = blockIdx.x; more;) {
+    // This warp's Q rows as registers; then its rows of the Q tile take the next item's.
+    cp_async_wait<0>();
+    __syncwarp();
+    u32_t qf[QK_CHUNKS / 2][4];
+    ws_load_q_fragments(FragAddrs(q_tile.base, warp_rows.first, lane), qf);
+    __syncwarp();
+    const int next = i + gridDim.x;
+    {
+      WsItem after;
+      if (ws_item(p, next, after)) ws_load_q_async(p, after, q_tile, cwarp, lane);
+    }
+
+    const RowCoords rows = it.tile.row_coords(warp_rows, lane);
+    float o[MMA_Q][VO_NT][4];
+#pragma unroll
+    for (int dt = 0; dt < VO_NT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.0f;
+    Softmax softmax;
+    softmax.init();
+    const int n = it.num_tiles;
+    if (n > 0) {
+      // Turns alternate from consumer 0's first; each warpgroup takes n + 1 of them, and
+      // consumer 1 hands its last one over to nobody.
+      if (consumer == 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
+      float s[MMA_Q][KV_NT][4];
+      u32_t pf[KV_NT / 2][MMA_Q][4];  // P of the tile before, as the A fragments of P V
+      auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KV_NT / 2; ++kk)
+          p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
+      };
+      // Tile 0: S_0 alone in this turn.
+      ring.wait_full(first);
+      ws::named_sync(my_turn, 2 * 128);
+      wgmma_fence();
+      ws_issue_qk(qf, ring.k(first).base, s);
+      ws::named_arrive(other_turn, 2 * 128);
+      wgmma_wait<0>();
+      float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo, lane, softmax_scale, softmax, s, o);
+      pack_p();
+      // Tile j: S_j and P_{j-1} V_{j-1} in one turn; the softmax of S_j while P_{j-1} V_{j-1}
+      // runs (its rescale of o collected in `factors`, applied once that product is done).
+#pragma unroll 1
+      for (int j = 1; j < n; ++j) {
+        const int t = first + j;
+        ring.wait_full(t);
+        ws::named_sync(my_turn, 2 * 128);
+        wgmma_fence();
+        ws_issue_qk(qf, ring.k(t).base, s);
+        ws_issue_pv(ring.v(t - 1).base, pf, o);
+        ws::named_arrive(other_turn, 2 * 128);
+        wgmma_wait<1>();
+        float factors[MMA_Q][1][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) factors[0][0][e] = 1.0f;
+        float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo + j * KV_TILE, lane,
+                            softmax_scale, softmax, s, factors);
+        wgmma_wait<0>();
+        ring.release(t - 1);
+        const float rescale[MMA_Q][2] = {{factors[0][0][0], factors[0][0][2]}};
+        softmax.rescale_outputs(rescale, o);
+        pack_p();
+      }
+      // The last tile's P V, in a turn of its own.
+      ws::named_sync(my_turn, 2 * 128);
+      wgmma_fence();
+      ws_issue_pv(ring.v(first + n - 1).base, pf, o);
+      if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
+      wgmma_wait<0>();
+      ring.release(first + n - 1);
+    }
+    first += n;
+
+    // The item and its rows read again rather than held through the loop (the barriers' memory
+    // clobbers keep the compiler from reusing the first reads): the consumers' registers are
+    // the loop's.
+    ws_item(p, i, it);
+    const RowCoords out_rows = it.tile.row_coords(warp_rows, lane_id());
+    float sink_log2[MMA_Q][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sink_log2[0][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, out_rows.head[0][h]) : 0.0f;
+    float lse[MMA_Q][2];
+    softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+    // Staged through this warp's own rows of the output stage (not the Q tile, which already
+    // receives the next item's rows).
+    store_output(p, it.tile, out_rows, it.qo_start, warp_rows, lane, o_bytes, SmemTile<VO_CHUNKS>{o_stage}, o,
+                 lse);
+    i = next;
+    more = ws_item(p, i, it);
+  }
+}
+
+}  // namespace prefill
