@@ -10,18 +10,25 @@
 // loop copies the K and V rows of a tile together (load_kv_tiles_staged_async): paged, each row's
 // page id, slot and validity serve both, and each thread's pointer arithmetic is set up once per
 // CTA (PagedKvThread).
-// Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, ld_shared_s32), smem_tile.cuh.
+// fp8 pages (FP8 = KV_FP8_E4M3 or KV_FP8_E5M2, paged only) hold one-byte codes: every tile load
+// goes through load_fp8_rows instead, which dequantises each row into the tile's T (fp8.cuh), so
+// the products downstream read the same f16/bf16 tile as ever.
+// Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, ld_shared_s32), smem_tile.cuh, fp8.cuh.
 
-template <typename T, bool PAGED>
+template <typename T, bool PAGED, int FP8 = KV_FP8_NONE>
 struct KvRows {
-  const T* base;        // ragged: the request's row 0; paged: the KV head's offset inside page 0
+  static_assert(FP8 == KV_FP8_NONE || PAGED, "fp8 K/V live in a paged cache");
+  // The cache's element: T, or a byte of fp8 code.
+  using Elem = typename Select<FP8 == KV_FP8_NONE, T, unsigned char>::type;
+  const Elem* base;     // ragged: the request's row 0; paged: the KV head's offset inside page 0
   i64_t token_stride;   // elements between consecutive tokens (within a page when paged)
   const int* pages;     // paged: the request's page ids, in token order
   i64_t page_stride;    // paged: elements between consecutive pages
   int page_shift;       // paged: log2(page_size)
   int page_mask;        // paged: page_size - 1
+  float scale;          // fp8: the dequantisation scale of this KV head (unused otherwise)
 
-  __device__ __forceinline__ const T* row(int j) const {
+  __device__ __forceinline__ const Elem* row(int j) const {
     if constexpr (PAGED) {
       return in_page(__ldg(pages + (j >> page_shift)), j);
     } else {
@@ -30,17 +37,73 @@ struct KvRows {
   }
 
   // Paged: row j, which lies in page `page`.
-  __device__ __forceinline__ const T* in_page(int page, int j) const {
+  __device__ __forceinline__ const Elem* in_page(int page, int j) const {
     return base + page * page_stride + (j & page_mask) * token_stride;
   }
 };
 
+// The K or V scale of KV head `head` (`head_stride` 0: one per tensor, 1: one per head); 1 without
+// fp8, the pointer then unread.
+template <int FP8>
+__device__ __forceinline__ float kv_scale(const float* scales, int head_stride, int head) {
+  if constexpr (FP8 == KV_FP8_NONE) {
+    return 1.0f;
+  } else {
+    return __ldg(scales + head * head_stride);
+  }
+}
+
+// fp8: rows [j0, j0 + ROWS) of `src` dequantised into `tile`; rows at or past `valid_rows` are
+// zeros, their page never read. A 16-byte chunk of the tile (8 elements of T) comes from 8 bytes
+// of codes. The codes cannot go through cp.async (they must pass through registers to be
+// converted): each thread loads FP8_BATCH chunks' codes with non-coherent 8-byte global loads (in
+// flight together), converts them and stores them to shared memory, then the next batch. The
+// stores are published by the same wait and barrier that publish the cp.async groups of the other
+// loads (wait_copies fences them for wgmma). FP8_BATCH bounds the registers this adds to the main
+// loop's: `attnforge compile --filter paged_e4m3` shows the spills a larger batch causes.
+constexpr int FP8_BATCH = 2;
+
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS>
+__device__ __forceinline__ void load_fp8_rows(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
+                                              const KvRows<T, true, FP8>& src, int j0, int valid_rows) {
+  static_assert((ROWS * ROW_CHUNKS) % NUM_THREADS == 0, "tile must split evenly over threads");
+  constexpr int PER_THREAD = ROWS * ROW_CHUNKS / NUM_THREADS;
+  constexpr int BATCH = PER_THREAD < FP8_BATCH ? PER_THREAD : FP8_BATCH;
+  static_assert(PER_THREAD % BATCH == 0, "whole batches");
+#pragma unroll 1
+  for (int b = 0; b < PER_THREAD; b += BATCH) {
+    uint2 codes[BATCH];
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int idx = (b + i) * NUM_THREADS + threadIdx.x;
+      const int row = idx / ROW_CHUNKS, chunk = idx % ROW_CHUNKS;
+      codes[i].x = 0u;
+      codes[i].y = 0u;
+      if (row < valid_rows) {
+        const unsigned char* at = src.row(j0 + row) + chunk * 8;
+        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(codes[i].x), "=r"(codes[i].y) : "l"(at));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int idx = (b + i) * NUM_THREADS + threadIdx.x;
+      const int row = idx / ROW_CHUNKS, chunk = idx % ROW_CHUNKS;
+      const uint4 v = dequantize_fp8x8<T, FP8>(codes[i], src.scale);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile.chunk_addr(row, chunk)), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+}
+
 // Loads rows [j0, j0 + ROWS) of `src` into `tile`; rows at or past `valid_rows` (relative to j0)
 // are zero-filled and their addresses never formed (a paged row past the end has no page).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS>
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS, int FP8>
 __device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
-                                                   const KvRows<T, PAGED>& src, int j0, int valid_rows) {
-  if constexpr (!PAGED) {
+                                                   const KvRows<T, PAGED, FP8>& src, int j0, int valid_rows) {
+  if constexpr (FP8 != KV_FP8_NONE) {
+    load_fp8_rows<ROWS, ROW_CHUNKS, NUM_THREADS>(tile, src, j0, valid_rows);
+  } else if constexpr (!PAGED) {
     load_rows_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, src.base + j0 * src.token_stride, src.token_stride,
                                                       valid_rows);
   } else {
@@ -54,9 +117,11 @@ __device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, AT
 // Paged: copies the page id of each of the ROWS key rows from j0 (ROWS ints) to shared memory
 // at `ids`, asynchronously (part of the caller's cp.async group); rows past `valid_rows` get 0.
 // Ragged rows have no page: nothing to stage.
-template <int ROWS, int NUM_THREADS, typename T, bool PAGED>
-__device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, PAGED>& src, int j0, int valid_rows) {
-  if constexpr (!PAGED) return;
+template <int ROWS, int NUM_THREADS, typename T, bool PAGED, int FP8>
+__device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, PAGED, FP8>& src, int j0,
+                                                     int valid_rows) {
+  // The fp8 loads read the page table themselves.
+  if constexpr (!PAGED || FP8 != KV_FP8_NONE) return;
   // Unrolled (one step when ROWS <= NUM_THREADS); a row past the end forms its page-table
   // pointer but cp.async reads none of it.
 #pragma unroll
@@ -287,18 +352,27 @@ __device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHU
 
 // The K and V rows of a request (KvRows each) and, paged, one thread's view of both for the main
 // loop's copies (PagedKvThread; its stash at `stash_base` takes NUM_THREADS * 16 bytes of shared
-// memory), formed once per CTA.
-template <typename T, bool PAGED, int NUM_THREADS>
+// memory), formed once per CTA. fp8 (this primary template): the rows alone, from which
+// load_fp8_rows forms every address.
+template <typename T, bool PAGED, int NUM_THREADS, int FP8 = KV_FP8_NONE>
 struct KvSource {
-  KvRows<T, PAGED> k, v;
+  KvRows<T, PAGED, FP8> k, v;
+
+  __device__ __forceinline__ KvSource(const KvRows<T, PAGED, FP8>& k_rows, const KvRows<T, PAGED, FP8>& v_rows, u32_t)
+      : k(k_rows), v(v_rows) {}
+};
+
+template <typename T, int NUM_THREADS>
+struct KvSource<T, true, NUM_THREADS, KV_FP8_NONE> {
+  KvRows<T, true> k, v;
   PagedKvThread<T, NUM_THREADS> paged;
 
-  __device__ __forceinline__ KvSource(const KvRows<T, PAGED>& k_rows, const KvRows<T, PAGED>& v_rows, u32_t stash_base)
+  __device__ __forceinline__ KvSource(const KvRows<T, true>& k_rows, const KvRows<T, true>& v_rows, u32_t stash_base)
       : k(k_rows), v(v_rows), paged(k_rows, v_rows, stash_base) {}
 };
 
 template <typename T, int NUM_THREADS>
-struct KvSource<T, false, NUM_THREADS> {
+struct KvSource<T, false, NUM_THREADS, KV_FP8_NONE> {
   KvRows<T, false> k, v;
   RaggedKvThread<T, NUM_THREADS> ragged;
 
@@ -309,12 +383,15 @@ struct KvSource<T, false, NUM_THREADS> {
 // The K and V rows [j0, j0 + ROWS) of one key tile into `k_tile` and `v_tile` (one cp.async group
 // for the caller to commit), as load_kv_rows_async does for each; paged rows take their page ids
 // from the shared-memory stage at `ids` (filled by stage_page_ids_async for the same j0).
-template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS>
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS, int FP8>
 __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                            const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
-                                                           const KvSource<T, PAGED, NUM_THREADS>& src, u32_t ids,
+                                                           const KvSource<T, PAGED, NUM_THREADS, FP8>& src, u32_t ids,
                                                            int j0, int valid_rows) {
-  if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
+  if constexpr (FP8 != KV_FP8_NONE) {
+    load_fp8_rows<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, j0, valid_rows);
+    load_fp8_rows<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, j0, valid_rows);
+  } else if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
     // Uniform branches: a whole tile (every tile but a request's last) compares no row; on the
     // same-stride path V is given K's strides.
     using Thread = PagedKvThread<T, NUM_THREADS>;

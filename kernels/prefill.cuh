@@ -95,16 +95,18 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // Ragged rows start at the request's first key; paged rows at its first page.
   const i64_t kv_row0 = spec::KV_PAGED ? 0 : kv_start;
   const int* pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[request] : nullptr;
-  const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
-                        p.k_stride_token, pages, p.k_page_stride, p.page_shift, p.page_mask};
-  const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
-                        p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask};
+  const KvRowsIn k_rows{static_cast<const KvRowsIn::Elem*>(p.k) + kv_row0 * p.k_stride_token + tile.kv_head * p.k_stride_head,
+                        p.k_stride_token, pages, p.k_page_stride, p.page_shift, p.page_mask,
+                        kv_scale<spec::KV_FP8>(p.k_scale, p.kv_scale_head_stride, tile.kv_head)};
+  const KvRowsIn v_rows{static_cast<const KvRowsIn::Elem*>(p.v) + kv_row0 * p.v_stride_token + tile.kv_head * p.v_stride_head,
+                        p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask,
+                        kv_scale<spec::KV_FP8>(p.v_scale, p.kv_scale_head_stride, tile.kv_head)};
 
   // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
   // 0's rows read the page table directly). The threads' K and V base pointers follow.
   const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
   auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
-  const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
+  const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS, spec::KV_FP8> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
   // policy::TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
   // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.

@@ -81,7 +81,7 @@ static_assert(!WARPS_SPLIT_KEYS || (KV_TILE / KV_SUB) % NUM_WARPS == 0, "key-spl
 static_assert(!WARPS_SPLIT_KEYS ||
                   (NUM_WARPS - 1) * merge_scratch_floats<MMA_Q, VO_NT>() * 4 <= KV_STAGES * (K_TILE_BYTES + V_TILE_BYTES),
               "key-split warps: the K/V buffers hold the warps' states for the merge");
-using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED>;
+using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED, spec::KV_FP8>;
 using Softmax = OnlineSoftmax<MMA_Q, policy::SUM_BY_MMA, policy::SOFTMAX_EXP_AFTER_RESCALE>;
 
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works

@@ -1,11 +1,13 @@
 //! Element types of attention inputs and outputs, and the conversions between them.
 //!
-//! The GPU kernels take f16 and bf16; the CPU backends take f32 as well. fp8 KV caches will be
-//! added here as further variants of [`DType`], which is why every consumer matches on it
-//! exhaustively instead of assuming two cases.
+//! The GPU kernels take f16 and bf16; the CPU backends take f32 as well. A quantised KV cache
+//! stores fp8 codes ([`fp8`]): those are not a [`DType`] of attention inputs but a storage format
+//! of the paged cache, dequantised to the problem's dtype on the way in (`paged::KvScales`).
 
 use half::{bf16, f16};
 use std::fmt;
+
+pub mod fp8;
 
 /// The element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

@@ -4,6 +4,7 @@
 //! `attnforge bench --print-shapes` writes the resolved list (each shape plus `flops` and
 //! `bytes`) that the peers' script reads, so no formula exists twice.
 
+use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::paged::{KvOrder, KvStorage, PageTable, PagedAttention, PagedKvLayout};
 use crate::problem::{
@@ -50,6 +51,9 @@ pub struct PrefillShape {
     /// Paged shapes only: tokens per page of the cache (NHD, separate K and V).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size: Option<usize>,
+    /// Paged shapes only: an fp8 cache (`e4m3`, `e5m2`) instead of one of `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<String>,
 }
 
 fn default_accum() -> String {
@@ -166,9 +170,30 @@ impl PrefillShape {
         Ok(p)
     }
 
+    /// The fp8 format of a paged shape's cache (`None`: the cache holds `dtype`); an error for
+    /// an unknown name or a shape that is not paged.
+    pub fn kv_fp8(&self) -> Result<Option<Fp8Format>, InvalidProblem> {
+        let Some(name) = &self.kv_dtype else {
+            return Ok(None);
+        };
+        if self.page_size.is_none() {
+            return Err(InvalidProblem::new(
+                format!("shape {} kv_dtype", self.name),
+                "is for paged shapes (with a page_size) only",
+            ));
+        }
+        Fp8Format::parse(name).map(Some).ok_or_else(|| {
+            InvalidProblem::new(
+                format!("shape {} kv_dtype", self.name),
+                format!("{name:?} is not an fp8 format (e4m3, e5m2)"),
+            )
+        })
+    }
+
     /// The shape with its FLOP and byte counts (and its page table when paged).
     pub fn resolve(&self) -> Result<ResolvedShape, InvalidProblem> {
         let p = self.problem()?;
+        let kv_bytes = self.kv_fp8()?.map(|_| 1);
         let pages = match self.page_size {
             Some(_) => {
                 let paged = self.paged_problem()?;
@@ -185,7 +210,7 @@ impl PrefillShape {
         Ok(ResolvedShape {
             shape: self.clone(),
             flops: prefill_flops(&p),
-            bytes: prefill_bytes(&p),
+            bytes: prefill_bytes(&p, kv_bytes),
             pages,
         })
     }
@@ -245,14 +270,16 @@ pub fn prefill_flops(p: &AttentionProblem) -> f64 {
     per_pair * pairs
 }
 
-/// Bytes a prefill must move at least: Q, K and V read once, O written once.
-pub fn prefill_bytes(p: &AttentionProblem) -> f64 {
+/// Bytes a prefill must move at least: Q, K and V read once, O written once; K and V elements
+/// of `kv_bytes` bytes each when given (an fp8 cache: 1), else of the input dtype.
+pub fn prefill_bytes(p: &AttentionProblem, kv_bytes: Option<usize>) -> f64 {
     let (qo, kv) = (p.batch.total_qo() as f64, p.batch.total_kv() as f64);
     let (dqk, dvo) = (p.head_dims.qk() as f64, p.head_dims.vo() as f64);
     let (hq, hkv) = (p.num_qo_heads as f64, p.num_kv_heads as f64);
     let input = p.input_dtype.size_bytes() as f64;
+    let kv_elem = kv_bytes.map_or(input, |b| b as f64);
     let output = p.output_dtype.size_bytes() as f64;
-    input * (qo * hq * dqk + kv * hkv * (dqk + dvo)) + output * qo * hq * dvo
+    input * qo * hq * dqk + kv_elem * kv * hkv * (dqk + dvo) + output * qo * hq * dvo
 }
 
 /// Parses a shape file.
@@ -280,6 +307,7 @@ mod tests {
             soft_cap: None,
             qk_accum: "f32".into(),
             page_size: None,
+            kv_dtype: None,
         }
     }
 

@@ -15,11 +15,13 @@
 
 use crate::compare::{compare, compare_rows, Comparison, Tolerance};
 use crate::merge::MergeShape;
-use crate::paged::{PagedAttention, PagedKv};
+use crate::paged::{PagedAttention, PagedCache};
 use crate::problem::AttentionProblem;
 use crate::reference::{self, ReferenceOutput, RowOutput};
 use crate::tensor::HostTensor;
-use crate::testing::{merge_expected, BackendCaps, Case, MergeCase, PagedRun, TileRequest};
+use crate::testing::{
+    merge_expected, BackendCaps, Case, MergeCase, PagedInputs, PagedRun, TileRequest,
+};
 use crate::{AttentionOutput, Error};
 use std::time::{Duration, Instant};
 
@@ -53,14 +55,14 @@ pub trait Backend {
         let _ = cases;
         Ok(())
     }
-    /// Computes a paged problem on the host cache, which holds the ragged `k`, `v`; `run` says
-    /// how (the GPU-only ways are asked only of backends whose caps say `device_runs`), `tile`
+    /// Computes a paged problem on the host cache, which holds the ragged `k`, `v` (an fp8 cache
+    /// holds them quantised); `run` says how (the GPU-only ways are asked only of backends whose caps say `device_runs`), `tile`
     /// with which tile (as for [`run`](Self::run)).
     fn run_paged(
         &self,
         problem: &PagedAttention,
         q: &HostTensor,
-        cache: PagedKv<'_>,
+        cache: PagedCache<'_>,
         tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
         tile: TileRequest,
@@ -277,11 +279,19 @@ fn run_case_with_limit(backend: &dyn Backend, case: &Case, limit: usize) -> Case
     let start = Instant::now();
     let out = run_as(run).map_err(|e| e.to_string());
     let backend_time = start.elapsed();
+    // An fp8 cache is judged against the reference on its dequantised K/V.
+    let (k_ref, v_ref) = match &paged {
+        Ok(Some(PagedInputs {
+            dequantized: Some((k, v)),
+            ..
+        })) => (k, v),
+        _ => (&k, &v),
+    };
     let sampled = reference_work(&case.problem) > limit;
     let tolerance = case.tolerance();
-    let exact = exact_reference(case, (&q, &k, &v), sampled);
+    let exact = exact_reference(case, (&q, k_ref, v_ref), sampled);
     let full = backend
-        .full_reference(&case.problem, &q, &k, &v)
+        .full_reference(&case.problem, &q, k_ref, v_ref)
         .map(|r| r.map_err(|e| format!("gpu reference: {e}")));
     let mut also = Vec::new();
     // The main oracle: the full reference on every row of a large case, else the exact one.
@@ -459,7 +469,7 @@ mod tests {
             &self,
             p: &PagedAttention,
             q: &HostTensor,
-            cache: PagedKv<'_>,
+            cache: PagedCache<'_>,
             tokens: (&HostTensor, &HostTensor),
             run: PagedRun,
             tile: TileRequest,

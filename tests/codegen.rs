@@ -8,6 +8,7 @@ use attnforge::codegen::{
     compile_matrix, render, sample_custom_variant_source, KernelSpec, KvCache, TileConfig,
     VariantLayout, VariantSpec,
 };
+use attnforge::dtype::fp8::Fp8Format;
 use attnforge::jit::compile::compile;
 use attnforge::jit::{Arch, CompileOptions, JitError, KernelSource};
 use attnforge::problem::{CudaVariantSource, MaskKind, ParamType, ParamValue};
@@ -24,6 +25,7 @@ fn base() -> KernelSpec {
         mask: MaskKind::Causal,
         variant: VariantSpec::None,
         kv: KvCache::Ragged,
+        kv_fp8: None,
         tile: TileConfig::candidates(HeadDims::equal(128).unwrap(), QkAccum::F32, KvCache::Ragged)
             [0],
     }
@@ -107,9 +109,10 @@ fn every_kernel_of_the_matrix_has_its_own_name_and_source() {
 /// shared memory counts each warp's slot: 8 bytes unmasked, 16 with a mask.
 #[test]
 fn loop_bounds_in_shared_memory_for_the_ten_sm80_kernels_that_spilled() {
+    // (Their fp8 twins share their policy: see fp8_kernels_are_the_paged_kernels_per_format.)
     let mut names: Vec<String> = compile_matrix()
         .iter()
-        .filter(|s| s.keeps_loop_bounds_in_shared())
+        .filter(|s| s.kv_fp8.is_none() && s.keeps_loop_bounds_in_shared())
         .map(|s| s.name())
         .collect();
     names.sort();
@@ -496,6 +499,91 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
         KernelSpec::for_problem(&p, KvCache::Paged, any_tile),
         Err(Error::Unsupported { .. })
     ));
+}
+
+/// The fp8 kernels of the matrix are paged f32-accumulation kernels (e4m3 with every built-in
+/// variant, e5m2 without a variant), named after the format, with the policy of their plain twin;
+/// fp8 over ragged K/V is refused.
+#[test]
+fn fp8_kernels_are_the_paged_kernels_per_format() {
+    let matrix = compile_matrix();
+    let plain: Vec<&KernelSpec> = matrix
+        .iter()
+        .filter(|s| s.kv_fp8.is_none() && s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
+        .collect();
+    let fp8: Vec<&KernelSpec> = matrix.iter().filter(|s| s.kv_fp8.is_some()).collect();
+    // e4m3 with the four built-in variants, e5m2 without a variant: of the five variants.
+    assert_eq!(fp8.len() * 5, plain.len() * (4 + 1));
+    for s in &plain {
+        let e4m3 = fp8.iter().any(|f| {
+            f.kv_fp8 == Some(Fp8Format::E4m3)
+                && KernelSpec {
+                    kv_fp8: None,
+                    ..(*f).clone()
+                } == **s
+        });
+        assert_eq!(
+            e4m3,
+            !matches!(s.variant, VariantSpec::Custom { .. }),
+            "{}",
+            s.name()
+        );
+    }
+    for s in &fp8 {
+        let twin = KernelSpec {
+            kv_fp8: None,
+            ..(*s).clone()
+        };
+        assert!(plain.contains(&&twin), "{} has no plain twin", s.name());
+        let format = s.kv_fp8.unwrap();
+        assert!(
+            s.name().contains(&format!("_paged_{}_", format.name())),
+            "{}",
+            s.name()
+        );
+        assert_eq!(s.policy(), twin.policy(), "{}", s.name());
+        let source = render(s).source;
+        let constant = match format {
+            Fp8Format::E4m3 => "constexpr int KV_FP8 = KV_FP8_E4M3;",
+            Fp8Format::E5m2 => "constexpr int KV_FP8 = KV_FP8_E5M2;",
+        };
+        assert!(source.contains(constant), "{}", s.name());
+    }
+    assert!(matches!(
+        base().with_kv_fp8(Some(Fp8Format::E4m3)),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+/// fp8 kernels compile for sm_80 and sm_90a without spills: the causal d128 paged kernels of
+/// every tile, both formats and dtypes (`attnforge compile --filter paged_e` covers the rest).
+#[test]
+fn fp8_paged_kernels_compile_without_spills() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let matrix = compile_matrix();
+    for spec in matrix.iter().filter(|s| {
+        s.kv_fp8.is_some()
+            && s.head_dims == HeadDims::equal(128).unwrap()
+            && s.variant == VariantSpec::None
+            && s.mask == MaskKind::Causal
+    }) {
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            if !spec.tile.runs_on(arch, spec.head_dims) {
+                continue;
+            }
+            let r = render(spec);
+            let src = KernelSource {
+                name: &r.name,
+                entry: &r.entry,
+                source: &r.source,
+                snippets: &r.snippets,
+            };
+            let compiled = compile(&nvrtc, &src, &CompileOptions::new(arch))
+                .unwrap_or_else(|e| panic!("{} {}: {e}", r.name, arch.name()));
+            let spills = compiled.report.spill_store_bytes + compiled.report.spill_load_bytes;
+            assert_eq!(spills, 0, "{} {} spills", r.name, arch.name());
+        }
+    }
 }
 
 fn compile_spec(spec: &KernelSpec, arch: Arch) -> Option<Result<(), JitError>> {

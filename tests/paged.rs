@@ -8,8 +8,8 @@ use attnforge::compare::{compare, Tolerance};
 use attnforge::cpu;
 use attnforge::dtype::DType;
 use attnforge::paged::{
-    append_paged_kv, gather, KvOrder, KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout,
-    PagedKvMut, MAX_PAGE_SIZE,
+    append_paged_kv, gather, gather_dequantized, KvOrder, KvStorage, PageTable, PagedAttention,
+    PagedCache, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE,
 };
 use attnforge::problem::{AttentionProblem, HeadDims, InvalidProblem, Variant};
 use attnforge::reference;
@@ -678,6 +678,7 @@ fn layout_indices_match_the_documented_formulas() {
 fn every_gpu_paged_case_builds_its_cache() {
     use attnforge::testing::{cases, BackendCaps, PagedRun, Suite};
     let mut runs = std::collections::HashSet::new();
+    let mut fp8_cases = 0;
     for case in cases(Suite::Quick, 7, &BackendCaps::cuda()) {
         let Some(layout) = case.paged else { continue };
         runs.insert(format!("{:?}", layout.run));
@@ -686,9 +687,19 @@ fn every_gpu_paged_case_builds_its_cache() {
             .paged_inputs(&k, &v)
             .expect("a paged case")
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        let (gk, gv) = gather(inputs.paged.layout(), inputs.paged.table(), inputs.cache())
-            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert!(gk == k && gv == v, "{}: gather differs", case.name);
+        let (gk, gv) = match inputs.cache() {
+            PagedCache::Plain(pages) => gather(inputs.paged.layout(), inputs.paged.table(), pages),
+            PagedCache::Fp8(fp8) => {
+                fp8_cases += 1;
+                gather_dequantized(inputs.paged.layout(), inputs.paged.table(), fp8)
+            }
+        }
+        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let (wk, wv) = inputs
+            .dequantized
+            .as_ref()
+            .map_or((&k, &v), |(a, b)| (a, b));
+        assert!(&gk == wk && &gv == wv, "{}: gather differs", case.name);
     }
     for run in [
         PagedRun::Direct,
@@ -697,4 +708,5 @@ fn every_gpu_paged_case_builds_its_cache() {
     ] {
         assert!(runs.contains(&format!("{run:?}")), "no {run:?} case");
     }
+    assert!(fp8_cases > 0, "no fp8 case");
 }

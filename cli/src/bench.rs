@@ -16,7 +16,9 @@
 //! be timed at a higher clock. Apart from the kernel, the host time of one `run` call (wall
 //! time, no synchronisation) is measured, its median reported as `host_us`.
 
-use crate::backend::parse_arch;
+mod fp8;
+
+use crate::backend::{parse_arch, parse_tile};
 use attnforge::codegen::TileConfig;
 use attnforge::compare::{compare_rows, Tolerance};
 use attnforge::cuda::{
@@ -375,6 +377,9 @@ fn measure_paged(
     line: &mut ResultLine,
 ) -> Result<String, Error> {
     let paged = shape.shape.paged_problem()?;
+    if let Some(format) = shape.shape.kv_fp8()? {
+        return fp8::measure_paged_fp8(engine, shape, args, line, paged, format);
+    }
     let problem = paged.problem().clone();
     let layout = *paged.layout();
     let plan = PagedPlan::with_options(engine, &paged, args.plan_options())?;
@@ -451,12 +456,6 @@ fn parse_split(s: &str) -> Result<SplitChoice, String> {
             .map(SplitChoice::ChunkKeys)
             .map_err(|_| format!("{s:?} is not `planned`, `none` or a number of keys per chunk")),
     }
-}
-
-fn parse_tile(s: &str) -> Result<TileConfig, String> {
-    TileConfig::parse(s).ok_or_else(|| {
-        format!("{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys)")
-    })
 }
 
 #[cfg(test)]

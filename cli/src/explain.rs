@@ -62,7 +62,13 @@ pub fn explain(spec: &KernelSpec) -> String {
         t.kv_tile,
         t.kv_sub,
         t.kv_stages,
-        if t.split_keys { "key-split" } else { "rows" },
+        if t.warp_specialized {
+            "warp-specialised (a producer warpgroup, two consumer warpgroups of 64 rows in turns)"
+        } else if t.split_keys {
+            "key-split"
+        } else {
+            "rows"
+        },
         if t.wgmma { "wgmma (sm_90a)" } else { "mma.sync" },
         t.cta_q(),
         spec.smem_bytes(),

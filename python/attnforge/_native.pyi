@@ -42,6 +42,7 @@ class PagedPlan:
         kv_layout: str,
         spec: Dict[str, Any],
         device: int,
+        kv_fp8: Optional[str] = None,
     ) -> None: ...
     def run(
         self,
@@ -50,6 +51,8 @@ class PagedPlan:
         o: Array,
         lse: Optional[Array],
         stream: int,
+        k_scale: Optional[List[float]] = None,
+        v_scale: Optional[List[float]] = None,
     ) -> None: ...
 
 def merge_state(
@@ -74,4 +77,5 @@ def append_paged_kv(
     kv_page_indices: List[int],
     kv_last_page_len: List[int],
     stream: int,
+    kv_fp8: Optional[str] = None,
 ) -> None: ...

@@ -53,15 +53,12 @@ def check_common(
         refuse("backend", backend, f"attnforge runs its own kernels; accepted: {_BACKENDS}")
 
 
-def check_run(args, q_scale=None, k_scale=None, v_scale=None, enable_pdl=None):
-    """The arguments of ``run`` that attnforge does not take."""
+def check_run(args, q_scale=None, enable_pdl=None):
+    """The arguments of ``run`` that attnforge does not take (``k_scale`` and ``v_scale`` are
+    the paged wrappers' own: they dequantise an fp8 cache)."""
     if args:
         refuse("*args", args, "extra positional arguments feed FlashInfer's JIT variants")
-    refuse_set(
-        q_scale=(q_scale, "fp8 inputs are not supported yet"),
-        k_scale=(k_scale, "fp8 inputs are not supported yet"),
-        v_scale=(v_scale, "fp8 inputs are not supported yet"),
-    )
+    refuse_set(q_scale=(q_scale, "fp8 queries are not supported (fp8 KV caches are)"))
     if enable_pdl:
         refuse("enable_pdl", enable_pdl, "programmatic dependent launch is not used")
 
@@ -73,7 +70,8 @@ def dtype_code(value, name):
     text = str(value).replace("torch.", "")
     code = _DTYPE_NAMES.get(text)
     if code is None:
-        refuse(name, value, "attnforge takes float16, bfloat16 and float32")
+        also = " (and float8_e4m3fn, float8_e5m2 for kv_data_type)" if name == "kv_data_type" else ""
+        refuse(name, value, f"attnforge takes float16, bfloat16 and float32{also}")
     return code
 
 

@@ -13,14 +13,28 @@ implement raises ``NotImplementedError`` naming it; bad input raises ``ValueErro
 ``TypeError`` with the Rust error's message before anything runs.
 """
 
-import collections
 import functools
 
-import numpy as np
-
 from . import _arrays as A
+from . import _fp8
 from . import _native
-from ._options import alibi_slopes, check_common, check_run, dtype_code, refuse, refuse_set, spec
+from ._common import _finish, _LseShift, _outputs, _slopes
+from ._merge import merge_state, merge_state_in_place, merge_states
+from ._options import check_common, check_run, dtype_code, refuse, refuse_set, spec
+from ._page import (
+    _check_kv_layout,
+    _kv_indptr,
+    append_paged_kv_cache,
+    get_batch_indices_positions,
+    get_seq_lens,
+)
+from ._single import (
+    _SINGLE_PLANS,
+    _SINGLE_PLANS_MAX,
+    single_decode_with_kv_cache,
+    single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
+)
 
 __all__ = [
     "single_prefill_with_kv_cache",
@@ -38,291 +52,6 @@ __all__ = [
     "get_batch_indices_positions",
     "get_seq_lens",
 ]
-
-
-def _check_kv_layout(kv_layout):
-    if kv_layout not in ("NHD", "HND"):
-        raise ValueError(f'invalid kv_layout: is {kv_layout!r}; expected "NHD" or "HND"')
-
-
-def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
-    """The output arrays: the caller's ``out`` / ``lse`` when given, else new ones like ``q``."""
-    if out is None:
-        out = A.empty(q, (total_qo, num_qo_heads, head_dim_vo))
-    elif not A.same_library(out, q):
-        raise TypeError("out must be of the same array library as q")
-    if lse is None and return_lse:
-        lse = A.empty(q, (total_qo, num_qo_heads), float32=True)
-    return out, lse
-
-
-def _finish(out, lse, return_lse, shift=None):
-    """Shifts the LSE to FlashInfer's ALiBi convention (``shift``, an ``_LseShift``, when
-    given), converts it from natural log to FlashInfer's base 2, in place, and returns."""
-    if lse is not None:
-        if shift is not None:
-            lse += shift.like(lse)
-        lse *= A.LOG2E
-    return (out, lse) if return_lse else out
-
-
-def _check_o_dtype(o_dtype, q):
-    if o_dtype is not None and str(o_dtype) != str(q.dtype):
-        refuse("o_dtype", o_dtype, "the output has the dtype of q")
-
-
-class _LseShift:
-    """What turns attnforge's ALiBi LSEs into FlashInfer's. attnforge's bias is
-    ``slope * (j - (i + kv_len - qo_len))`` (query ``i`` at its position among the keys),
-    FlashInfer's ``slope * (j - i)`` (``i`` the query's index in its request; 0 in decode): the
-    same softmax, and LSEs apart by ``slope * (kv_len - qo_len)`` per request and head. Holds
-    those shifts (a float32 numpy array, ``[heads]`` or ``[rows, heads]``) and their copy in
-    each library and device they are added on."""
-
-    def __init__(self, values):
-        self.values, self._arrays = values, {}
-
-    @staticmethod
-    def of_batch(slopes, qo_indptr, kv_indptr):
-        """The shifts of every query row of a batch; ``None`` without ALiBi."""
-        if slopes is None:
-            return None
-        rows = np.zeros((qo_indptr[-1], len(slopes)), np.float32)
-        slopes = np.asarray(slopes, np.float32)
-        for r in range(len(qo_indptr) - 1):
-            qo, kv = qo_indptr[r + 1] - qo_indptr[r], kv_indptr[r + 1] - kv_indptr[r]
-            rows[qo_indptr[r] : qo_indptr[r + 1]] = slopes * (kv - qo)
-        return _LseShift(rows)
-
-    def like(self, lse):
-        key = (type(lse), A.device_of(lse))
-        array = self._arrays.get(key)
-        if array is None:
-            array = self._arrays[key] = A.float32_array(lse, self.values)
-        return array
-
-
-def _slopes(pos_encoding_mode, num_qo_heads):
-    """FlashInfer's ALiBi slopes with ``pos_encoding_mode="ALIBI"``, else ``None``."""
-    return alibi_slopes(int(num_qo_heads)) if pos_encoding_mode == "ALIBI" else None
-
-
-class _SinglePlan:
-    """A plan of ``single_prefill_with_kv_cache`` with what its calls need beside it."""
-
-    __slots__ = ("plan", "device", "qo_len", "num_qo_heads", "head_dim_vo", "shift")
-
-    def __init__(self, plan, device, qo_len, num_qo_heads, head_dim_vo, shift):
-        self.plan, self.device = plan, device
-        self.qo_len, self.num_qo_heads, self.head_dim_vo = qo_len, num_qo_heads, head_dim_vo
-        self.shift = shift  # an _LseShift with ALiBi, else None
-
-
-# The plans of single_prefill_with_kv_cache, by the call's arguments, most recently used last:
-# repeated calls of one shape neither plan again nor wait for the device (replacing a plan waits
-# for the device to be idle, since a launch may still read its arrays), and skip re-deriving the
-# options. A call with a custom mask, which the plan uploads, plans each time.
-_SINGLE_PLANS = collections.OrderedDict()
-# Plans kept: a few shapes of a model's layers and batch sizes, each plan a few small arrays.
-_SINGLE_PLANS_MAX = 32
-
-
-def _single_key(q, k, v, options):
-    """The plan cache key of a call: the arrays' shapes, q's dtype and device, and the other
-    arguments (``options``); ``None`` when they do not make a key (not arrays, or unhashable)."""
-    try:
-        key = (q.shape, k.shape, v.shape, q.dtype, A.device_of(q)) + options
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
-
-
-def single_prefill_with_kv_cache(
-    q,
-    k,
-    v,
-    scale_q=None,
-    scale_k=None,
-    scale_v=None,
-    o_dtype=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-    causal=False,
-    kv_layout="NHD",
-    pos_encoding_mode="NONE",
-    use_fp16_qk_reduction=False,
-    sm_scale=None,
-    window_left=-1,
-    logits_soft_cap=None,
-    rope_scale=None,
-    rope_theta=None,
-    backend="auto",
-    return_lse=False,
-):
-    """Attention of one request: ``q [qo_len, Hq, Dqk]`` over ``k``, ``v`` (``[kv_len, Hkv, D]``
-    for NHD, ``[Hkv, kv_len, D]`` for HND). Returns ``o [qo_len, Hq, Dvo]``, or ``(o, lse)``
-    with the base-2 LSE ``[qo_len, Hq]`` when ``return_lse``."""
-    key = entry = None
-    if custom_mask is None and packed_custom_mask is None:
-        options = (kv_layout, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale)
-        options += (window_left, logits_soft_cap, backend, o_dtype, scale_q, scale_k, scale_v)
-        key = _single_key(q, k, v, options + (rope_scale, rope_theta))
-        entry = None if key is None else _SINGLE_PLANS.get(key)
-    if entry is None:
-        entry = _single_plan(
-            q,
-            k,
-            v,
-            scale_q,
-            scale_k,
-            scale_v,
-            o_dtype,
-            custom_mask,
-            packed_custom_mask,
-            causal,
-            kv_layout,
-            pos_encoding_mode,
-            use_fp16_qk_reduction,
-            sm_scale,
-            window_left,
-            logits_soft_cap,
-            rope_scale,
-            rope_theta,
-            backend,
-        )
-        if key is not None:
-            _SINGLE_PLANS[key] = entry
-            if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
-                _SINGLE_PLANS.popitem(last=False)
-    else:
-        _SINGLE_PLANS.move_to_end(key)
-    if kv_layout == "HND":
-        k, v = A.swap01(k), A.swap01(v)
-    shape = (entry.qo_len, entry.num_qo_heads, entry.head_dim_vo)
-    out, lse = _outputs(q, *shape, None, None, return_lse)
-    entry.plan.run(q, k, v, out, lse, A.current_stream(entry.device))
-    return _finish(out, lse, return_lse, entry.shift)
-
-
-def _single_plan(
-    q,
-    k,
-    v,
-    scale_q,
-    scale_k,
-    scale_v,
-    o_dtype,
-    custom_mask,
-    packed_custom_mask,
-    causal,
-    kv_layout,
-    pos_encoding_mode,
-    use_fp16_qk_reduction,
-    sm_scale,
-    window_left,
-    logits_soft_cap,
-    rope_scale,
-    rope_theta,
-    backend,
-):
-    """Checks a call of ``single_prefill_with_kv_cache`` and plans it."""
-    check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
-    refuse_set(
-        scale_q=(scale_q, "fp8 inputs are not supported yet"),
-        scale_k=(scale_k, "fp8 inputs are not supported yet"),
-        scale_v=(scale_v, "fp8 inputs are not supported yet"),
-    )
-    _check_o_dtype(o_dtype, q)
-    _check_kv_layout(kv_layout)
-    if kv_layout == "HND":
-        k, v = A.swap01(k), A.swap01(v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        A.checked_dtype(x, name)
-        if len(x.shape) != 3:
-            raise ValueError(f"invalid {name}: has shape {tuple(x.shape)}; expected 3 dimensions")
-    qo_len, num_qo_heads, head_dim_qk = (int(n) for n in q.shape)
-    kv_len, num_kv_heads, _ = (int(n) for n in k.shape)
-    head_dim_vo = int(v.shape[2])
-    qo_indptr, kv_indptr = [0, qo_len], [0, kv_len]
-    slopes = _slopes(pos_encoding_mode, num_qo_heads)
-    options = spec(
-        num_qo_heads,
-        num_kv_heads,
-        head_dim_qk,
-        head_dim_vo,
-        A.checked_dtype(q, "q"),
-        qo_indptr,
-        kv_indptr,
-        causal,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        use_fp16_qk_reduction,
-        custom_mask,
-        packed_custom_mask,
-        slopes,
-    )
-    device = A.device_of(q)
-    plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
-    shift = _LseShift.of_batch(slopes, qo_indptr, kv_indptr)
-    return _SinglePlan(plan, device, qo_len, num_qo_heads, head_dim_vo, shift)
-
-
-single_prefill_with_kv_cache_return_lse = functools.partial(
-    single_prefill_with_kv_cache, return_lse=True
-)
-
-
-def single_decode_with_kv_cache(
-    q,
-    k,
-    v,
-    kv_layout="NHD",
-    pos_encoding_mode="NONE",
-    use_tensor_cores=False,
-    q_scale=None,
-    k_scale=None,
-    v_scale=None,
-    window_left=-1,
-    logits_soft_cap=None,
-    sm_scale=None,
-    rope_scale=None,
-    rope_theta=None,
-    return_lse=False,
-):
-    """Decode attention of one request: ``q [Hq, D]`` (the request's newest token) over ``k``,
-    ``v`` as in ``single_prefill_with_kv_cache``. Returns ``o [Hq, Dvo]``, or ``(o, lse)`` with
-    the base-2 LSE ``[Hq]``. It is the one-query prefill (the query sits at position
-    ``kv_len - 1``; ``use_tensor_cores`` chooses nothing: attnforge's planner picks the kernel);
-    with ALiBi the LSE follows FlashInfer's decode bias ``slope * j``, as the prefill's
-    ``slope * (j - i)`` with ``i = 0``."""
-    refuse_set(
-        q_scale=(q_scale, "fp8 inputs are not supported yet"),
-        k_scale=(k_scale, "fp8 inputs are not supported yet"),
-        v_scale=(v_scale, "fp8 inputs are not supported yet"),
-    )
-    A.checked_dtype(q, "q")
-    if len(q.shape) != 2:
-        raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
-    o = single_prefill_with_kv_cache(
-        q[None],
-        k,
-        v,
-        causal=True,
-        kv_layout=kv_layout,
-        pos_encoding_mode=pos_encoding_mode,
-        sm_scale=sm_scale,
-        window_left=window_left,
-        logits_soft_cap=logits_soft_cap,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        return_lse=return_lse,
-    )
-    if return_lse:
-        o, lse = o
-        return o[0], lse[0]
-    return o[0]
 
 
 # Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
@@ -343,6 +72,7 @@ class _Wrapper:
                 "plans keep their own index arrays; run() after plan() is capture-safe without it",
             )
         refuse_set(jit_args=(jit_args, "attnforge has no FlashInfer JIT variants"))
+        self._kv_fp8 = None
         self._kv_layout = kv_layout
         self._device = A.device_of(float_workspace_buffer)
         self._plan = None
@@ -376,28 +106,54 @@ class _Wrapper:
             qo, indptr, indices, last, page_size, options = self._paged_args
             options = dict(options, sinks=list(values))
             plan = _native.PagedPlan(
-                qo, indptr, indices, last, page_size, self._kv_layout, options, self._device
+                qo,
+                indptr,
+                indices,
+                last,
+                page_size,
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             )
             if len(self._sink_plans) >= _SINK_PLANS_MAX:
                 self._sink_plans.pop(next(iter(self._sink_plans)))
             self._sink_plans[values] = plan
         return plan
 
-    def _plan_dtype(self, q_data_type, kv_data_type):
+    def _plan_dtype(self, q_data_type, kv_data_type, fp8_cache=False):
+        """The planned dtypes: q's, and the cache's fp8 format (``fp8_cache``: whether this
+        wrapper takes one) or none."""
+        if _fp8.format_of(q_data_type) is not None:
+            refuse("q_data_type", q_data_type, "fp8 queries are not supported (fp8 KV caches are)")
         q = dtype_code(q_data_type, "q_data_type")
-        kv = dtype_code(kv_data_type, "kv_data_type")
-        if kv is not None and kv != q:
-            refuse("kv_data_type", kv_data_type, "q and the KV cache share one dtype")
+        if q is None:
+            raise ValueError("invalid q_data_type: is None; expected float16 or bfloat16")
+        self._kv_fp8 = _fp8.format_of(kv_data_type)
+        if self._kv_fp8 is not None:
+            if not fp8_cache:
+                refuse("kv_data_type", kv_data_type, "fp8 K/V are read from paged caches only")
+            if q == "f32":
+                refuse("kv_data_type", kv_data_type, "an fp8 cache goes with f16 or bf16 queries")
+        else:
+            kv = dtype_code(kv_data_type, "kv_data_type")
+            if kv is not None and kv != q:
+                refuse("kv_data_type", kv_data_type, "q and a float KV cache share one dtype")
         self._dtype = q
 
-    def _run_paged(self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks):
+    def _run_paged(
+        self, q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+    ):
         plan, total_qo, num_qo_heads, head_dim_vo, planned_window = self._planned()
         if window_left is not None and window_left != planned_window:
             refuse("window_left", window_left, "the window is fixed by plan()")
+        if self._kv_fp8 is None:
+            _fp8.refuse_plain_scales(k_scale, v_scale)
+        scales = (_fp8.scale_list(k_scale, "k_scale"), _fp8.scale_list(v_scale, "v_scale"))
         if sinks is not None:
             plan = self._sink_plan(sinks)
         out, lse = _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse)
-        plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device))
+        plan.run(q, paged_kv_cache, out, lse, A.current_stream(self._device), *scales)
         return _finish(out, lse, return_lse, self._lse_shift)
 
 
@@ -595,7 +351,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             max_token_per_sequence=(max_token_per_sequence, reason),
             max_sequence_kv=(max_sequence_kv, reason),
         )
-        self._plan_dtype(q_data_type, kv_data_type)
+        self._plan_dtype(q_data_type, kv_data_type, fp8_cache=True)
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         indptr = A.int_list(paged_kv_indptr, "paged_kv_indptr")
@@ -622,7 +378,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         )
         native = self._keep_paged(
             _native.PagedPlan(
-                qo, indptr, indices, last, int(page_size), self._kv_layout, options, self._device
+                qo,
+                indptr,
+                indices,
+                last,
+                int(page_size),
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             ),
             qo,
             indptr,
@@ -651,22 +415,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
     ):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
         (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
-        they are read on the host, so such a call does not belong in a graph capture."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
+        they are read on the host, so such a call does not belong in a graph capture.
+        ``k_scale`` / ``v_scale`` dequantise a cache planned with an fp8 ``kv_data_type``
+        (see ``_fp8``)."""
+        if args or enable_pdl or q_scale is not None:
+            check_run(args, q_scale, enable_pdl)
+        return self._run_paged(
+            q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
-
-
-def _kv_indptr(page_indptr, last_page_len, page_size):
-    """Token prefix sums of the requests of a page table (for the custom mask's offsets)."""
-    out = [0]
-    for r in range(len(page_indptr) - 1):
-        pages = page_indptr[r + 1] - page_indptr[r]
-        n = 0 if pages <= 0 else (pages - 1) * page_size + last_page_len[r]
-        out.append(out[-1] + n)
-    return out
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
@@ -721,8 +479,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         reason = "these arguments feed FlashInfer's trtllm-gen backend"
         refuse_set(block_tables=(block_tables, reason), seq_lens=(seq_lens, reason))
         if data_type is not None:
-            q_data_type = kv_data_type = data_type
-        self._plan_dtype(q_data_type, kv_data_type)
+            # FlashInfer's deprecated data_type fills in only the types not given.
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        self._plan_dtype(q_data_type, kv_data_type, fp8_cache=True)
         page_indptr = A.int_list(indptr, "indptr")
         batch = len(page_indptr) - 1
         qo = list(range(batch + 1))
@@ -746,7 +506,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         table = (A.int_list(indices, "indices"), A.int_list(last_page_len, "last_page_len"))
         native = self._keep_paged(
             _native.PagedPlan(
-                qo, page_indptr, *table, int(page_size), self._kv_layout, options, self._device
+                qo,
+                page_indptr,
+                *table,
+                int(page_size),
+                self._kv_layout,
+                options,
+                self._device,
+                self._kv_fp8,
             ),
             qo,
             page_indptr,
@@ -775,12 +542,16 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     ):
         """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
         (float32 ``[Hq]``, one logit per query head) join each row's softmax denominator;
-        they are read on the host, so such a call does not belong in a graph capture."""
-        if args or enable_pdl or not (q_scale is k_scale is v_scale is None):
-            check_run(args, q_scale, k_scale, v_scale, enable_pdl)
+        they are read on the host, so such a call does not belong in a graph capture.
+        ``k_scale`` / ``v_scale`` dequantise a cache planned with an fp8 ``kv_data_type``
+        (see ``_fp8``)."""
+        if args or enable_pdl or q_scale is not None:
+            check_run(args, q_scale, enable_pdl)
         if q_len_per_req not in (None, 1):
             refuse("q_len_per_req", q_len_per_req, "decode takes one query per request")
-        return self._run_paged(q, paged_kv_cache, out, lse, return_lse, window_left, sinks)
+        return self._run_paged(
+            q, paged_kv_cache, out, lse, return_lse, window_left, sinks, k_scale, v_scale
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -818,144 +589,3 @@ def fast_decode_plan(self, *args, **kwargs):
         type(self).__name__,
         "plans keep their own index arrays; plan() then run() is capture-safe without it",
     )
-
-
-def _lse_to_natural(s):
-    return s * A.LN2
-
-
-def _check_f32_lse(name, s):
-    if str(getattr(s, "dtype", "")).replace("torch.", "") != "float32":
-        raise ValueError(f"invalid {name}: has dtype {getattr(s, 'dtype', None)}; expected float32")
-
-
-def merge_state(v_a, s_a, v_b, s_b):
-    """Merges two attention states over disjoint key sets: ``v [seq, heads, dim]``,
-    ``s [seq, heads]`` (float32, base-2 LSE). Returns ``(v, s)``."""
-    for name, s in (("s_a", s_a), ("s_b", s_b)):
-        _check_f32_lse(name, s)
-    v_out = A.empty(v_a, v_a.shape)
-    s_out = A.empty(v_a, s_a.shape, float32=True)
-    # The natural-log copies stay referenced until the call returns.
-    ln_a, ln_b = _lse_to_natural(s_a), _lse_to_natural(s_b)
-    _native.merge_state(
-        v_a, ln_a, v_b, ln_b, v_out, s_out, A.current_stream(A.device_of(v_a))
-    )
-    s_out *= A.LOG2E
-    return v_out, s_out
-
-
-def merge_state_in_place(v, s, v_other, s_other, mask=None):
-    """Merges ``(v_other, s_other)`` into ``(v, s)`` in place; with ``mask`` (bool
-    ``[seq]``), only the rows where it is true."""
-    v_new, s_new = merge_state(v, s, v_other, s_other)
-    A.copy_into(v, v_new, mask)
-    A.copy_into(s, s_new, mask)
-
-
-def merge_states(v, s):
-    """Merges the states stored together in ``v [seq, num_states, heads, dim]``,
-    ``s [seq, num_states, heads]`` (float32, base 2). Returns ``(v, s)``."""
-    _check_f32_lse("s", s)
-    if len(v.shape) != 4:
-        raise ValueError(f"invalid v: has shape {tuple(v.shape)}; expected 4 dimensions")
-    seq, _, heads, dim = v.shape
-    v_out = A.empty(v, (seq, heads, dim))
-    s_out = A.empty(v, (seq, heads), float32=True)
-    ln_s = _lse_to_natural(s)  # referenced until the call returns
-    _native.merge_states(v, ln_s, v_out, s_out, A.current_stream(A.device_of(v)))
-    s_out *= A.LOG2E
-    return v_out, s_out
-
-
-def append_paged_kv_cache(
-    append_key,
-    append_value,
-    batch_indices,
-    positions,
-    paged_kv_cache,
-    kv_indices,
-    kv_indptr,
-    kv_last_page_len,
-    kv_layout="NHD",
-):
-    """Writes new tokens' K and V (``[nnz, Hkv, D]``) into the paged cache. The page table is
-    the one after the append; token ``i`` goes to request ``batch_indices[i]`` at position
-    ``positions[i]``. attnforge appends each request's new tokens as its last positions, in
-    order (as ``get_batch_indices_positions`` lays them out); other placements raise
-    ``NotImplementedError``."""
-    _check_kv_layout(kv_layout)
-    page_indptr = A.int_list(kv_indptr, "kv_indptr")
-    last = A.int_list(kv_last_page_len, "kv_last_page_len")
-    batch = A.int_list(batch_indices, "batch_indices")
-    pos = A.int_list(positions, "positions")
-    if len(batch) != len(pos):
-        raise ValueError(
-            f"invalid positions: has {len(pos)} entries; batch_indices has {len(batch)}"
-        )
-    first = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
-    A.checked_dtype(first, "paged_kv_cache")
-    shape = first.shape
-    page_size = shape[-2] if kv_layout == "HND" else shape[-3]
-    kv_lens = _kv_indptr(page_indptr, last, page_size)
-    counts = [0] * (len(page_indptr) - 1)
-    for b in batch:
-        if not 0 <= b < len(counts):
-            raise ValueError(f"invalid batch_indices: request {b} is outside 0..{len(counts)}")
-        counts[b] += 1
-    append_indptr = [0]
-    for c in counts:
-        append_indptr.append(append_indptr[-1] + c)
-    for i, (b, p) in enumerate(zip(batch, pos)):
-        kv_len = kv_lens[b + 1] - kv_lens[b]
-        expected = kv_len - counts[b] + (i - append_indptr[b])
-        if i < append_indptr[b] or i >= append_indptr[b + 1] or p != expected:
-            refuse(
-                "positions",
-                f"token {i}: request {b}, position {p}",
-                "attnforge appends each request's new tokens, grouped by request and in order,"
-                " as its last positions",
-            )
-    # The kernel reads whole rows of new tokens: a strided slice of a CUDA tensor is copied into
-    # rows first, on the caller's stream (the append launches on it too).
-    append_key, append_value = (
-        x.contiguous() if A.is_torch(x) and not x.is_contiguous() else x
-        for x in (append_key, append_value)
-    )
-    _native.append_paged_kv(
-        append_key,
-        append_value,
-        append_indptr,
-        paged_kv_cache,
-        kv_layout,
-        page_indptr,
-        A.int_list(kv_indices, "kv_indices"),
-        last,
-        A.current_stream(A.device_of(append_key)),
-    )
-
-
-def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
-    """Keys per request of a page table: ``max(pages - 1, 0) * page_size + last_page_len``."""
-    return (kv_indptr[1:] - kv_indptr[:-1] - 1).clip(min=0) * page_size + kv_last_page_len
-
-
-def get_batch_indices_positions(append_indptr, seq_lens, nnz):
-    """For each of the ``nnz`` new tokens of a ragged batch (``append_indptr``), its request and
-    its position: request ``r``'s new tokens are the last ones of its ``seq_lens[r]`` keys.
-    Returns int32 ``(batch_indices, positions)`` like ``append_indptr``."""
-    indptr = A.int_list(append_indptr, "append_indptr")
-    lens = A.int_list(seq_lens, "seq_lens")
-    if len(lens) != len(indptr) - 1:
-        raise ValueError(
-            f"invalid seq_lens: has {len(lens)} entries; append_indptr describes"
-            f" {len(indptr) - 1} requests"
-        )
-    batch, positions = [], []
-    for r in range(len(lens)):
-        n = indptr[r + 1] - indptr[r]
-        batch += [r] * n
-        positions += range(lens[r] - n, lens[r])
-    if len(batch) != nnz:
-        raise ValueError(f"invalid nnz: is {nnz}; append_indptr holds {len(batch)} tokens")
-    return A.int32_array(append_indptr, batch), A.int32_array(append_indptr, positions)

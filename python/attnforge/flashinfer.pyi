@@ -6,6 +6,9 @@ from typing import Any, Literal, Optional, Tuple, Union, overload
 Array = Any
 DTypeLike = Union[str, Any]
 PagedKVCache = Union[Array, Tuple[Array, Array]]
+# A scale of an fp8 KV cache: a number (FlashInfer's type), or an array of one entry or of one
+# entry per KV head (attnforge's extension; read on the host).
+Scale = Union[float, Array]
 
 @overload
 def single_prefill_with_kv_cache(
@@ -65,8 +68,8 @@ def single_decode_with_kv_cache(
     pos_encoding_mode: str = "NONE",
     use_tensor_cores: bool = False,
     q_scale: Optional[float] = None,
-    k_scale: Optional[float] = None,
-    v_scale: Optional[float] = None,
+    k_scale: Optional[Scale] = None,
+    v_scale: Optional[Scale] = None,
     window_left: int = -1,
     logits_soft_cap: Optional[float] = None,
     sm_scale: Optional[float] = None,
@@ -83,8 +86,8 @@ def single_decode_with_kv_cache(
     pos_encoding_mode: str = "NONE",
     use_tensor_cores: bool = False,
     q_scale: Optional[float] = None,
-    k_scale: Optional[float] = None,
-    v_scale: Optional[float] = None,
+    k_scale: Optional[Scale] = None,
+    v_scale: Optional[Scale] = None,
     window_left: int = -1,
     logits_soft_cap: Optional[float] = None,
     sm_scale: Optional[float] = None,
@@ -218,8 +221,8 @@ class BatchPrefillWithPagedKVCacheWrapper:
         paged_kv_cache: PagedKVCache,
         *args: Any,
         q_scale: Optional[float] = None,
-        k_scale: Optional[float] = None,
-        v_scale: Optional[float] = None,
+        k_scale: Optional[Scale] = None,
+        v_scale: Optional[Scale] = None,
         out: Optional[Array] = None,
         lse: Optional[Array] = None,
         return_lse: bool = False,
@@ -281,8 +284,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         paged_kv_cache: PagedKVCache,
         *args: Any,
         q_scale: Optional[float] = None,
-        k_scale: Optional[float] = None,
-        v_scale: Optional[float] = None,
+        k_scale: Optional[Scale] = None,
+        v_scale: Optional[Scale] = None,
         out: Optional[Array] = None,
         lse: Optional[Array] = None,
         return_lse: bool = False,
@@ -310,6 +313,8 @@ def append_paged_kv_cache(
     kv_indptr: Array,
     kv_last_page_len: Array,
     kv_layout: str = "NHD",
+    *,
+    kv_data_type: Optional[DTypeLike] = None,
 ) -> None: ...
 def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> Array: ...
 def get_batch_indices_positions(

@@ -9,6 +9,7 @@
 //! writes below rely on.
 
 use crate::errors::invalid;
+use attnforge::dtype::fp8::{Fp8Format, Fp8Tensor};
 use attnforge::{DType, HostTensor};
 use half::{bf16, f16};
 use pyo3::exceptions::PyTypeError;
@@ -17,13 +18,42 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyType};
 
+/// The element type of an array: a float type, or the codes of an fp8 KV cache (one byte each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    /// float16, bfloat16 or float32.
+    Float(DType),
+    /// fp8 codes: a torch `float8_e4m3fn` / `float8_e5m2` tensor, or a numpy `uint8` array read
+    /// as the codes of the format the plan names.
+    Fp8(Fp8Format),
+}
+
+impl Elem {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Elem::Float(d) => d.size_bytes(),
+            Elem::Fp8(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Elem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Elem::Float(d) => write!(f, "{d}"),
+            Elem::Fp8(format) => write!(f, "{format}"),
+        }
+    }
+}
+
 /// One array, as read from its Python object.
 #[derive(Clone, Debug)]
 pub struct ArrayArg {
     address: u64,
     shape: Vec<usize>,
     strides: Vec<i64>,
-    dtype: DType,
+    elem: Elem,
     device: Option<usize>,
     writable: bool,
 }
@@ -35,9 +65,27 @@ impl ArrayArg {
     /// (naming `name`) for an element type other than float16, bfloat16 (torch) or float32, or a
     /// device other than the CPU or a CUDA device.
     pub fn read(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
+        let a = ArrayArg::read_cache(obj, name, None)?;
+        match a.elem {
+            Elem::Float(_) => Ok(a),
+            Elem::Fp8(format) => Err(invalid(
+                name,
+                format!("holds {format} codes; expected float16, bfloat16 or float32"),
+            )),
+        }
+    }
+
+    /// [`read`](Self::read) for the arrays of a paged KV cache, which may also hold fp8 codes:
+    /// a torch `float8_e4m3fn` or `float8_e5m2` tensor, or, when `fp8` names the format the
+    /// plan was made for, a numpy `uint8` array (numpy has no fp8 type) read as its codes.
+    pub fn read_cache(
+        obj: &Bound<'_, PyAny>,
+        name: &str,
+        fp8: Option<Fp8Format>,
+    ) -> PyResult<ArrayArg> {
         let py = obj.py();
         if obj.is_instance(NDARRAY.import(py, "numpy", "ndarray")?)? {
-            return read_numpy(obj, name);
+            return read_numpy(obj, name, fp8);
         }
         match obj.getattr(intern!(py, "data_ptr")) {
             Ok(data_ptr) => read_torch(obj, &data_ptr, name),
@@ -93,8 +141,20 @@ impl ArrayArg {
     }
 
     /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
+    pub fn elem(&self) -> Elem {
+        self.elem
+    }
+
+    /// The float element type; a `ValueError` naming `name` for fp8 codes (only
+    /// [`read_cache`](Self::read_cache) reads those).
+    pub fn dtype(&self, name: &str) -> PyResult<DType> {
+        match self.elem {
+            Elem::Float(d) => Ok(d),
+            Elem::Fp8(format) => Err(invalid(
+                name,
+                format!("holds {format} codes; expected float16, bfloat16 or float32"),
+            )),
+        }
     }
 
     /// Whether the call may write the array.
@@ -183,17 +243,57 @@ impl ArrayArg {
 
     /// Reads a host array into a contiguous tensor (row-major over the shape).
     pub fn read_host(&self, name: &str) -> PyResult<HostTensor> {
+        let dtype = self.dtype(name)?;
         self.host_only(name)?;
         let offsets = self.offsets();
         // SAFETY: the descriptor comes from a live host array (module docs); every offset is
         // inside it because the shape and strides are its own.
         Ok(unsafe {
-            match self.dtype {
+            match dtype {
                 DType::F16 => HostTensor::F16(self.gather::<u16, _>(&offsets, f16::from_bits)),
                 DType::Bf16 => HostTensor::Bf16(self.gather::<u16, _>(&offsets, bf16::from_bits)),
                 DType::F32 => HostTensor::F32(self.gather::<u32, _>(&offsets, f32::from_bits)),
             }
         })
+    }
+
+    /// Reads a host array of fp8 codes into a contiguous tensor (row-major over the shape).
+    pub fn read_host_codes(&self, name: &str) -> PyResult<Fp8Tensor> {
+        let Elem::Fp8(format) = self.elem else {
+            return Err(invalid(
+                name,
+                format!("has dtype {}; expected fp8 codes", self.elem),
+            ));
+        };
+        self.host_only(name)?;
+        let offsets = self.offsets();
+        // SAFETY: as in `read_host`.
+        let codes = unsafe { self.gather::<u8, _>(&offsets, |c| c) };
+        Ok(Fp8Tensor { format, codes })
+    }
+
+    /// Writes fp8 codes (row-major over the shape, of this array's format) into the host array.
+    pub fn write_host_codes(&self, name: &str, t: &Fp8Tensor) -> PyResult<()> {
+        self.host_only(name)?;
+        if !self.writable {
+            return Err(invalid(name, "the array is read-only"));
+        }
+        if self.elem != Elem::Fp8(t.format) || t.len() != self.numel() {
+            return Err(invalid(
+                name,
+                format!(
+                    "is {} with {} elements; the result is {} with {}",
+                    self.elem,
+                    self.numel(),
+                    t.format,
+                    t.len()
+                ),
+            ));
+        }
+        let offsets = self.offsets();
+        // SAFETY: as in `read_host`; the array is writable (checked above).
+        unsafe { self.scatter(&offsets, &t.codes, |c| c) };
+        Ok(())
     }
 
     unsafe fn gather<B: Copy, T>(&self, offsets: &[usize], from: impl Fn(B) -> T) -> Vec<T> {
@@ -210,7 +310,7 @@ impl ArrayArg {
         if !self.writable {
             return Err(invalid(name, "the array is read-only"));
         }
-        let dtype = self.dtype;
+        let dtype = self.dtype(name)?;
         if t.dtype() != dtype || t.len() != self.numel() {
             return Err(invalid(
                 name,
@@ -257,7 +357,7 @@ type Descriptor = (u64, Vec<usize>, Vec<i64>, &'static str, i64);
 #[pyfunction]
 pub fn describe(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Descriptor> {
     let a = ArrayArg::read(obj, name)?;
-    let dtype = match a.dtype {
+    let dtype = match a.dtype(name)? {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         DType::F32 => "f32",
@@ -266,12 +366,14 @@ pub fn describe(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Descriptor> {
     Ok((a.address, a.shape, a.strides, dtype, device))
 }
 
-/// attnforge's element type of a dtype name (numpy's `float16`, torch's `torch.bfloat16`...).
-fn dtype_of_name(dtype: &str) -> Option<DType> {
+/// attnforge's element type of a torch dtype name (`torch.bfloat16`, `torch.float8_e4m3fn`...).
+fn elem_of_name(dtype: &str) -> Option<Elem> {
     match dtype.strip_prefix("torch.").unwrap_or(dtype) {
-        "float16" => Some(DType::F16),
-        "bfloat16" => Some(DType::Bf16),
-        "float32" => Some(DType::F32),
+        "float16" => Some(Elem::Float(DType::F16)),
+        "bfloat16" => Some(Elem::Float(DType::Bf16)),
+        "float32" => Some(Elem::Float(DType::F32)),
+        "float8_e4m3fn" => Some(Elem::Fp8(Fp8Format::E4m3)),
+        "float8_e5m2" => Some(Elem::Fp8(Fp8Format::E5m2)),
         _ => None,
     }
 }
@@ -296,8 +398,8 @@ const NOTSWAPPED: std::ffi::c_int = 0x200;
 const WRITEABLE: std::ffi::c_int = 0x400;
 
 /// A numpy array, through its `__array_struct__` (one capsule: no dict, no strings); byte
-/// strides in whole elements.
-fn read_numpy(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
+/// strides in whole elements. A `uint8` array is read as codes of `fp8` when given.
+fn read_numpy(obj: &Bound<'_, PyAny>, name: &str, fp8: Option<Fp8Format>) -> PyResult<ArrayArg> {
     let py = obj.py();
     let capsule = obj.getattr(intern!(py, "__array_struct__"))?;
     let capsule = capsule.cast::<PyCapsule>()?;
@@ -311,17 +413,23 @@ fn read_numpy(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
     };
     let bad_dtype = || -> PyResult<PyErr> {
         let dtype = obj.getattr(intern!(py, "dtype"))?.str()?;
+        let expected = if fp8.is_some() {
+            "float16, float32 or uint8 (fp8 codes)"
+        } else {
+            "float16 or float32 (uint8 fp8 codes only with a plan's fp8 kv_data_type)"
+        };
         Ok(invalid(
             name,
-            format!("has dtype {dtype}; expected float16 or float32"),
+            format!("has dtype {dtype}; expected {expected}"),
         ))
     };
     if s.two != 2 || s.flags & NOTSWAPPED == 0 {
         return Err(bad_dtype()?);
     }
-    let dtype = match (s.typekind as u8, s.itemsize) {
-        (b'f', 2) => DType::F16,
-        (b'f', 4) => DType::F32,
+    let elem = match (s.typekind as u8, s.itemsize, fp8) {
+        (b'f', 2, _) => Elem::Float(DType::F16),
+        (b'f', 4, _) => Elem::Float(DType::F32),
+        (b'u', 1, Some(format)) => Elem::Fp8(format),
         _ => return Err(bad_dtype()?),
     };
     let nd = usize::try_from(s.nd).unwrap_or(0);
@@ -346,7 +454,7 @@ fn read_numpy(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<ArrayArg> {
         address: s.data as u64,
         shape,
         strides,
-        dtype,
+        elem,
         device: None,
         writable: s.flags & WRITEABLE != 0,
     })
@@ -370,7 +478,7 @@ fn read_torch(
     let py = obj.py();
     let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
     let dtype_name = dtype_obj.str()?;
-    let dtype = dtype_of_name(&dtype_name.to_cow()?).ok_or_else(|| {
+    let elem = elem_of_name(&dtype_name.to_cow()?).ok_or_else(|| {
         invalid(
             name,
             format!("has dtype {dtype_name}; expected float16, bfloat16 or float32"),
@@ -397,7 +505,7 @@ fn read_torch(
         address: data_ptr.call0()?.extract()?,
         shape: obj.getattr(intern!(py, "shape"))?.extract()?,
         strides: obj.call_method0(intern!(py, "stride"))?.extract()?,
-        dtype,
+        elem,
         device,
         writable: true,
     })

@@ -5,11 +5,14 @@
 //! or `[pages, heads, page_size, D]`, HND), as FlashInfer takes them. The layout is read off the
 //! shapes; the problem model validates it. A (K, V) pair that is the two halves of one combined
 //! array (`kv[:, 0]`, `kv[:, 1]`) is read as that array, so the CUDA kernels read it in place.
+//! An fp8 cache holds one-byte codes ([`Elem::Fp8`]); its layout's dtype is the one its values
+//! are dequantised to.
 
-use crate::array::ArrayArg;
+use crate::array::{ArrayArg, Elem};
 use crate::errors::{invalid, IntoPy};
+use attnforge::dtype::fp8::{Fp8Format, Fp8Tensor};
 use attnforge::paged::{KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut};
-use attnforge::{HeadDims, HostTensor};
+use attnforge::{DType, HeadDims, HostTensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -26,14 +29,15 @@ pub fn order(kv_layout: &str) -> PyResult<KvOrder> {
 }
 
 /// The arrays of the cache object `cache`: one combined array, or a (K, V) tuple or list; a pair
-/// that is the two halves of one combined array comes back as that array.
-pub fn arrays(cache: &Bound<'_, PyAny>) -> PyResult<Vec<ArrayArg>> {
+/// that is the two halves of one combined array comes back as that array. `fp8` is the fp8
+/// format the caller expects, if any: numpy `uint8` arrays are then read as its codes.
+pub fn arrays(cache: &Bound<'_, PyAny>, fp8: Option<Fp8Format>) -> PyResult<Vec<ArrayArg>> {
     let pair = if let Ok(t) = cache.cast::<PyTuple>() {
         t.iter().collect::<Vec<_>>()
     } else if let Ok(l) = cache.cast::<PyList>() {
         l.iter().collect()
     } else {
-        return Ok(vec![ArrayArg::read(cache, "paged_kv_cache")?]);
+        return Ok(vec![ArrayArg::read_cache(cache, "paged_kv_cache", fp8)?]);
     };
     let [k, v] = pair.as_slice() else {
         return Err(invalid(
@@ -41,8 +45,8 @@ pub fn arrays(cache: &Bound<'_, PyAny>) -> PyResult<Vec<ArrayArg>> {
             format!("a tuple of {} arrays; expected (k, v)", pair.len()),
         ));
     };
-    let k = ArrayArg::read(k, "paged_kv_cache[0]")?;
-    let v = ArrayArg::read(v, "paged_kv_cache[1]")?;
+    let k = ArrayArg::read_cache(k, "paged_kv_cache[0]", fp8)?;
+    let v = ArrayArg::read_cache(v, "paged_kv_cache[1]", fp8)?;
     Ok(match combined_halves(&k, &v) {
         Some(kv) => vec![kv],
         None => vec![k, v],
@@ -57,14 +61,14 @@ fn combined_halves(k: &ArrayArg, v: &ArrayArg) -> Option<ArrayArg> {
         || shape != v.shape()
         || strides != v.strides()
         || shape[0] <= 1
-        || k.dtype() != v.dtype()
+        || k.elem() != v.elem()
         || k.device() != v.device()
     {
         return None;
     }
     let half: usize = shape[1..].iter().product();
     let inner = [shape[2] * shape[3], shape[3], 1];
-    let elem = k.dtype().size_bytes() as u64;
+    let elem = k.elem().size_bytes() as u64;
     let halves_apart = v.address().checked_sub(k.address()) == Some(half as u64 * elem);
     let rows = strides[1..].iter().zip(inner).all(|(&s, i)| s == i as i64);
     if strides[0] != 2 * half as i64 || !rows || !halves_apart {
@@ -83,8 +87,17 @@ fn half_dims(order: KvOrder, pages: usize, a: usize, b: usize, dim: usize) -> [u
     }
 }
 
-/// The layout of the cache arrays `cache` (one combined array, or K then V).
-pub fn layout(cache: &[ArrayArg], kv_layout: &str) -> PyResult<PagedKvLayout> {
+/// The fp8 format of the cache arrays, `None` when they hold floats.
+pub fn fp8_format(cache: &[ArrayArg]) -> Option<Fp8Format> {
+    match cache.first().map(ArrayArg::elem) {
+        Some(Elem::Fp8(format)) => Some(format),
+        _ => None,
+    }
+}
+
+/// The layout of the cache arrays `cache` (one combined array, or K then V); the layout's dtype
+/// is the arrays' float type, or `dequantized` for fp8 codes.
+pub fn layout(cache: &[ArrayArg], kv_layout: &str, dequantized: DType) -> PyResult<PagedKvLayout> {
     let order = order(kv_layout)?;
     let (storage, k, v) = match cache {
         [kv] => {
@@ -127,12 +140,16 @@ pub fn layout(cache: &[ArrayArg], kv_layout: &str) -> PyResult<PagedKvLayout> {
             ),
         ));
     }
-    let dtype = cache[0].dtype();
+    let elem = cache[0].elem();
     if let Some(other) = cache.get(1) {
-        if other.dtype() != dtype {
+        if other.elem() != elem {
             return Err(invalid("paged_kv_cache[1]", "has another dtype than K"));
         }
     }
+    let dtype = match elem {
+        Elem::Float(d) => d,
+        Elem::Fp8(_) => dequantized,
+    };
     let layout = PagedKvLayout {
         num_pages: k[0],
         page_size: k[1],
@@ -155,8 +172,17 @@ pub fn read_host(cache: &[ArrayArg]) -> PyResult<Vec<HostTensor>> {
         .collect()
 }
 
-/// The host buffers as the layout's storage expects them.
-pub fn host_view(buffers: &[HostTensor]) -> PagedKv<'_> {
+/// The host fp8 cache buffers, read into contiguous code tensors (the layout's own order).
+pub fn read_host_codes(cache: &[ArrayArg]) -> PyResult<Vec<Fp8Tensor>> {
+    cache
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.read_host_codes(&format!("paged_kv_cache[{i}]")))
+        .collect()
+}
+
+/// The host buffers (floats or fp8 codes) as the layout's storage expects them.
+pub fn host_view<B>(buffers: &[B]) -> PagedKv<'_, B> {
     match buffers {
         [kv] => PagedKv::Combined(kv),
         [k, v, ..] => PagedKv::Separate { k, v },
@@ -165,7 +191,7 @@ pub fn host_view(buffers: &[HostTensor]) -> PagedKv<'_> {
 }
 
 /// The host buffers, writable.
-pub fn host_view_mut(buffers: &mut [HostTensor]) -> PagedKvMut<'_> {
+pub fn host_view_mut<B>(buffers: &mut [B]) -> PagedKvMut<'_, B> {
     match buffers {
         [kv] => PagedKvMut::Combined(kv),
         [k, v, ..] => PagedKvMut::Separate { k, v },
@@ -177,6 +203,14 @@ pub fn host_view_mut(buffers: &mut [HostTensor]) -> PagedKvMut<'_> {
 pub fn write_host(cache: &[ArrayArg], buffers: &[HostTensor]) -> PyResult<()> {
     for (i, (a, t)) in cache.iter().zip(buffers).enumerate() {
         a.write_host(&format!("paged_kv_cache[{i}]"), t)?;
+    }
+    Ok(())
+}
+
+/// Writes host fp8 code buffers back into the caller's arrays.
+pub fn write_host_codes(cache: &[ArrayArg], buffers: &[Fp8Tensor]) -> PyResult<()> {
+    for (i, (a, t)) in cache.iter().zip(buffers).enumerate() {
+        a.write_host_codes(&format!("paged_kv_cache[{i}]"), t)?;
     }
     Ok(())
 }

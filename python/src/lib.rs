@@ -8,13 +8,13 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | `array` | numpy arrays and torch tensors read into descriptors; strided host reads and writes |
+//! | `array` | numpy arrays and torch tensors (fp8 cache codes too) read into descriptors; strided host reads and writes |
 //! | `errors` | attnforge's errors as Python exceptions |
 //! | `spec` | attention options from Python into an [`attnforge::AttentionProblem`] |
 //! | `cache` | paged KV cache descriptors into a [`attnforge::paged::PagedKvLayout`] |
-//! | `gpu` | engines per device, the caller's stream, borrowed device buffers |
-//! | `plans` | the ragged and paged plans (`plan` once, `run` many times) |
-//! | `state` | `merge_state(s)` and the paged-cache append |
+//! | `gpu` | engines per device, the caller's stream, borrowed device buffers, uploaded fp8 scales |
+//! | `plans` | the ragged and paged plans (`plan` once, `run` many times), paged over fp8 caches too |
+//! | `state` | `merge_state(s)` and the paged-cache append (into fp8 caches too) |
 
 mod array;
 mod cache;

@@ -6,13 +6,14 @@
 //! synchronisation, safe inside CUDA-graph capture. Inputs with other strides get a device plan
 //! of their own on first use (that first run allocates), kept for the next runs.
 
-use crate::array::ArrayArg;
+use crate::array::{ArrayArg, Elem};
 use crate::cache;
 use crate::errors::{invalid, IntoPy};
 use crate::gpu;
 use crate::spec::AttnSpec;
-use attnforge::cuda::{self as ac, DevicePagedKv, DeviceTensor, Engine};
-use attnforge::paged::{KvStorage, PageTable, PagedAttention, PagedKvLayout};
+use attnforge::cuda::{self as ac, DeviceFp8Kv, DevicePagedKv, DeviceTensor, Engine, PlanOptions};
+use attnforge::dtype::fp8::Fp8Format;
+use attnforge::paged::{Fp8Kv, KvScales, KvStorage, PageTable, PagedAttention, PagedKvLayout};
 use attnforge::problem::TensorView;
 use attnforge::{AttentionOutput, AttentionProblem, DType};
 use pyo3::prelude::*;
@@ -33,10 +34,15 @@ pub fn expect_shape(a: &ArrayArg, name: &str, shape: &[usize]) -> PyResult<()> {
 
 /// Checks that `a` holds elements of the plan's `dtype`.
 fn check_dtype(a: &ArrayArg, name: &str, dtype: DType) -> PyResult<()> {
-    if a.dtype() != dtype {
+    check_elem(a, name, Elem::Float(dtype))
+}
+
+/// Checks that `a` holds elements of type `elem`.
+fn check_elem(a: &ArrayArg, name: &str, elem: Elem) -> PyResult<()> {
+    if a.elem() != elem {
         return Err(invalid(
             name,
-            format!("has dtype {}; the plan's is {dtype}", a.dtype()),
+            format!("has dtype {}; the plan's is {elem}", a.elem()),
         ));
     }
     Ok(())
@@ -103,15 +109,15 @@ fn check_outputs(
 ) -> PyResult<()> {
     let (qo, h) = (p.batch.total_qo(), p.num_qo_heads);
     expect_shape(o, "out", &[qo, h, p.head_dims.vo()])?;
-    if o.dtype() != p.output_dtype {
+    if o.elem() != Elem::Float(p.output_dtype) {
         return Err(invalid(
             "out",
-            format!("has dtype {}; expected {}", o.dtype(), p.output_dtype),
+            format!("has dtype {}; expected {}", o.elem(), p.output_dtype),
         ));
     }
     if let Some(l) = lse {
         expect_shape(l, "lse", &[qo, h])?;
-        if l.dtype() != DType::F32 {
+        if l.elem() != Elem::Float(DType::F32) {
             return Err(invalid("lse", "must be float32"));
         }
     }
@@ -283,14 +289,40 @@ fn device_mismatch(planned: Option<&Arc<Engine>>, given: Option<usize>) -> PyErr
 
 type PagedKey = (KvStorage, usize, usize);
 
-/// A paged plan (`BatchPrefillWithPagedKVCacheWrapper`, `BatchDecodeWithPagedKVCacheWrapper`).
+/// A paged plan (`BatchPrefillWithPagedKVCacheWrapper`, `BatchDecodeWithPagedKVCacheWrapper`),
+/// over a cache of the problem's dtype or of fp8 codes (`kv_fp8`).
 #[pyclass(module = "attnforge._native")]
 pub struct PagedPlan {
     problem: AttentionProblem,
     table: PageTable,
     /// The layout planned for, with the smallest page count the table allows.
     layout: PagedKvLayout,
+    /// The cache's fp8 format, `None` for pages of the problem's dtype.
+    kv_fp8: Option<Fp8Format>,
     device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
+}
+
+/// The fp8 format named by a plan's `kv_fp8` (`e4m3`, `e5m2`, or PyTorch's spellings).
+fn fp8_format(kv_fp8: Option<&str>) -> PyResult<Option<Fp8Format>> {
+    kv_fp8
+        .map(|name| {
+            Fp8Format::parse(name).ok_or_else(|| {
+                invalid(
+                    "kv_data_type",
+                    format!("{name:?} is not an fp8 format (e4m3, e5m2)"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// The scales of an fp8 run: `k_scale` and `v_scale` (1 entry each, or one per KV head), 1.0
+/// where not given.
+fn run_scales(k_scale: Option<Vec<f32>>, v_scale: Option<Vec<f32>>) -> KvScales {
+    KvScales {
+        k: k_scale.unwrap_or_else(|| vec![1.0]),
+        v: v_scale.unwrap_or_else(|| vec![1.0]),
+    }
 }
 
 impl PagedPlan {
@@ -311,8 +343,14 @@ impl PagedPlan {
 #[pymethods]
 impl PagedPlan {
     /// Plans queries `qo_indptr` over the pages of the table, `page_size` tokens each, laid out
-    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend).
+    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend); `kv_fp8` names
+    /// the fp8 format of the cache's codes (`e4m3`, `e5m2`), or is `None` for pages of the
+    /// problem's dtype.
     #[new]
+    #[pyo3(signature = (
+        qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
+        device, kv_fp8 = None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         qo_indptr: Vec<i32>,
@@ -323,7 +361,9 @@ impl PagedPlan {
         kv_layout: &str,
         spec: AttnSpec,
         device: i64,
+        kv_fp8: Option<&str>,
     ) -> PyResult<Self> {
+        let kv_fp8 = fp8_format(kv_fp8)?;
         let table = PageTable {
             kv_page_indptr,
             kv_page_indices,
@@ -350,6 +390,7 @@ impl PagedPlan {
             layout,
             problem,
             table,
+            kv_fp8,
             device: None,
         };
         let contiguous = plan.problem.q_view;
@@ -366,7 +407,9 @@ impl PagedPlan {
             for storage in storages {
                 let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
                 let key = (storage, contiguous.token_stride, contiguous.head_stride);
-                device.get(key, |e| ac::PagedPlan::new(e, &paged).py())?;
+                device.get(key, |e| {
+                    ac::PagedPlan::with_kv_fp8(e, &paged, kv_fp8, PlanOptions::default()).py()
+                })?;
             }
             plan.device = Some(device);
         }
@@ -375,8 +418,11 @@ impl PagedPlan {
 
     /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array, or a (K, V) pair) into
     /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
-    /// The arrays are numpy arrays or torch tensors.
-    #[pyo3(signature = (q, cache, o, lse, stream))]
+    /// The arrays are numpy arrays or torch tensors. An fp8 plan's cache holds codes of its
+    /// format (numpy: `uint8`), dequantised with `k_scale` and `v_scale` (one entry, or one per KV
+    /// head; 1.0 when not given); a plain plan takes no scales.
+    #[pyo3(signature = (q, cache, o, lse, stream, k_scale = None, v_scale = None))]
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         py: Python<'_>,
@@ -385,9 +431,20 @@ impl PagedPlan {
         o: &Bound<'_, PyAny>,
         lse: Option<&Bound<'_, PyAny>>,
         stream: u64,
+        k_scale: Option<Vec<f32>>,
+        v_scale: Option<Vec<f32>>,
     ) -> PyResult<()> {
         let q = ArrayArg::read(q, "q")?;
-        let cache = cache::arrays(cache)?;
+        let cache = cache::arrays(cache, self.kv_fp8)?;
+        let scales =
+            match self.kv_fp8 {
+                Some(_) => Some(run_scales(k_scale, v_scale)),
+                None if k_scale.is_some() || v_scale.is_some() => return Err(invalid(
+                    "k_scale",
+                    "scales dequantise an fp8 cache; the plan is for a cache of the query's dtype",
+                )),
+                None => None,
+            };
         let o = ArrayArg::read_out(o, "out")?;
         let lse = lse.map(|l| ArrayArg::read_out(l, "lse")).transpose()?;
         let p = &self.problem;
@@ -401,8 +458,9 @@ impl PagedPlan {
             attnforge::paged::KvOrder::Nhd => "NHD",
             attnforge::paged::KvOrder::Hnd => "HND",
         };
-        let layout = cache::layout(&cache, order)?;
-        check_dtype(&cache[0], "paged_kv_cache", p.input_dtype)?;
+        let layout = cache::layout(&cache, order, p.input_dtype)?;
+        let elem = self.kv_fp8.map_or(Elem::Float(p.input_dtype), Elem::Fp8);
+        check_elem(&cache[0], "paged_kv_cache", elem)?;
         for (what, planned, given) in [
             ("page_size", self.layout.page_size, layout.page_size),
             (
@@ -437,12 +495,18 @@ impl PagedPlan {
             (None, None) => {
                 let paged = self.paged(layout, p.q_view, lse.is_some())?;
                 py.detach(|| {
-                    let buffers = cache::read_host(&cache)?;
-                    let out = attnforge::cpu::paged_attention(
-                        &paged,
-                        &q.read_host("q")?,
-                        cache::host_view(&buffers),
-                    )
+                    let q = q.read_host("q")?;
+                    let out = match &scales {
+                        Some(scales) => {
+                            let codes = cache::read_host_codes(&cache)?;
+                            let pages = cache::host_view(&codes);
+                            attnforge::cpu::paged_attention(&paged, &q, Fp8Kv { pages, scales })
+                        }
+                        None => {
+                            let buffers = cache::read_host(&cache)?;
+                            attnforge::cpu::paged_attention(&paged, &q, cache::host_view(&buffers))
+                        }
+                    }
                     .py()?;
                     write_host(&out, &o, lse.as_ref())
                 })
@@ -473,24 +537,42 @@ impl PagedPlan {
                         storage,
                         ..self.layout
                     };
-                    ac::PagedPlan::new(e, &self.paged(planned, qv, true)?).py()
+                    let paged = self.paged(planned, qv, true)?;
+                    ac::PagedPlan::with_kv_fp8(e, &paged, self.kv_fp8, PlanOptions::default()).py()
                 })?;
                 let stream = gpu::stream(&device.engine, stream);
                 let dt = p.input_dtype;
                 let qd = gpu::borrow(&stream, &q, "q", dt)?;
+                let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
+                if let (Some(scales), Some(format)) = (&scales, self.kv_fp8) {
+                    let scales = gpu::kv_scales(&device.engine, &layout, format, scales)?;
+                    let bufs = cache
+                        .iter()
+                        .map(|a| gpu::borrow_codes(&stream, a, "paged_kv_cache"))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    let kv = DeviceFp8Kv {
+                        pages: device_pages(&bufs)?,
+                        scales: &scales,
+                    };
+                    return plan.run_fp8_on(&stream, &qd, kv, &mut od, ld.as_mut()).py();
+                }
                 let bufs = cache
                     .iter()
                     .map(|a| gpu::borrow(&stream, a, "paged_kv_cache", dt))
                     .collect::<PyResult<Vec<_>>>()?;
-                let cache = match bufs.as_slice() {
-                    [kv] => DevicePagedKv::Combined(kv),
-                    [k, v] => DevicePagedKv::Separate { k, v },
-                    _ => return Err(invalid("paged_kv_cache", "expected one or two arrays")),
-                };
-                let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
-                plan.run_on(&stream, &qd, cache, &mut od, ld.as_mut()).py()
+                plan.run_on(&stream, &qd, device_pages(&bufs)?, &mut od, ld.as_mut())
+                    .py()
             }
             (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
         }
+    }
+}
+
+/// The device cache over one (combined) or two (separate) borrowed buffers.
+fn device_pages<B>(bufs: &[B]) -> PyResult<DevicePagedKv<'_, B>> {
+    match bufs {
+        [kv] => Ok(DevicePagedKv::Combined(kv)),
+        [k, v] => Ok(DevicePagedKv::Separate { k, v }),
+        _ => Err(invalid("paged_kv_cache", "expected one or two arrays")),
     }
 }

@@ -72,3 +72,25 @@ def gather_pages(cache_k, cache_v, page_indptr, page_indices, last_page_len, r, 
         ks.append(k[:used])
         vs.append(v[:used])
     return np.concatenate(ks), np.concatenate(vs)
+
+
+# (exponent bits, mantissa bits, bias) of the fp8 formats.
+FP8_FORMATS = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}
+
+
+def fp8_decode(codes, fmt):
+    """The exact values of fp8 codes (``uint8``) as float64: e4m3 (``float8_e4m3fn``: NaN only
+    at ``S.1111.111``, no infinity) or e5m2 (IEEE-like: exponent 31 is infinity or NaN)."""
+    e_bits, m_bits, bias = FP8_FORMATS[fmt]
+    c = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e = (c >> m_bits) & ((1 << e_bits) - 1)
+    m = c & ((1 << m_bits) - 1)
+    top = (1 << e_bits) - 1
+    normal = (1.0 + m / 2.0**m_bits) * np.exp2(e.astype(np.float64) - bias)
+    value = np.where(e == 0, m / 2.0**m_bits * 2.0 ** (1 - bias), normal)
+    if fmt == "e4m3":
+        value = np.where((e == top) & (m == (1 << m_bits) - 1), np.nan, value)
+    else:
+        value = np.where(e == top, np.where(m == 0, np.inf, np.nan), value)
+    return sign * value

@@ -1,13 +1,15 @@
 //! The kernels without specialisation: dtypes, head dims and layouts are runtime values, so each
 //! is one kernel, rendered from its template with its parameter struct.
 //!
-//! - the paged-KV append kernel (`kernels/append_paged.cuh`, [`AppendParams`]);
+//! - the paged-KV append kernel (`kernels/append_paged.cuh`, [`AppendParams`]), copying or
+//!   quantising to fp8 (`kernels/fp8.cuh`);
 //! - the public merge of partial attention states (`kernels/merge_states.cuh`, [`MergeParams`]).
 
 use super::params::{AppendParams, MergeParams};
 use std::fmt::Write;
 
 const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kernels/common.cuh"));
+const FP8: (&str, &str) = ("fp8.cuh", include_str!("../../kernels/fp8.cuh"));
 const APPEND: (&str, &str) = (
     "append_paged.cuh",
     include_str!("../../kernels/append_paged.cuh"),
@@ -21,7 +23,7 @@ const MERGE_STATES: (&str, &str) = (
     include_str!("../../kernels/merge_states.cuh"),
 );
 
-/// Threads per CTA of the append kernel (one 16-byte chunk each).
+/// Threads per CTA of the append kernel (one 16-byte chunk of new rows each).
 pub const APPEND_THREADS: u32 = 256;
 /// Threads per CTA of the public merge kernel.
 pub const MERGE_STATES_THREADS: u32 = 128;
@@ -71,7 +73,7 @@ pub fn render_append() -> RenderedFixed {
     render_fixed(
         entry,
         &AppendParams::standalone_cuda_struct(),
-        &[APPEND],
+        &[FP8, APPEND],
         &format!(
             "static_assert(append::NUM_THREADS == {APPEND_THREADS}, \"append launch shape\");\n\
              extern \"C\" __global__ void __launch_bounds__(append::NUM_THREADS)\n\

@@ -36,6 +36,7 @@ pub use spec::{KernelSpec, KvCache, VariantSpec, CUDA_DTYPES};
 pub use tile::TileConfig;
 pub use variant::{param_values, VariantCode};
 
+use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::jit::Arch;
 use crate::problem::{CudaVariantSource, HeadDims, MaskKind, ParamType, QkAccum};
@@ -54,13 +55,25 @@ pub fn sample_custom_variant_source() -> CudaVariantSource {
     }
 }
 
+/// Whether the compile matrix holds the fp8 `format` kernels of `variant`: e4m3 (the format
+/// servers use) with every built-in variant, e5m2 with none (the formats differ only in the
+/// decoding of `fp8.cuh`, which the variants do not touch). Other fp8 kernels compile on first use.
+fn fp8_in_matrix(format: Fp8Format, variant: &VariantSpec) -> bool {
+    match format {
+        Fp8Format::E4m3 => !matches!(variant, VariantSpec::Custom { .. }),
+        Fp8Format::E5m2 => *variant == VariantSpec::None,
+    }
+}
+
 /// Every kernel the engine can emit today: dtypes x QK accumulation (f16 only with f16 inputs)
 /// x head dims x masks x variants (built-ins and the sample custom one) x ragged or paged K/V x
 /// each tile the planner can pick for the head dims and QK accumulation (the key-split decode
 /// tile included), each tile's wgmma twin where it has one, and the warp-specialised tile
 /// (sm_90a) where it can compute the kernel. [`TileConfig::runs_on`] says
 /// which targets each compiles for: a twin for sm_90a only, and the tile it replaces for the
-/// others.
+/// others. Then the fp8 caches: the paged kernels with f32 QK accumulation once more per fp8
+/// format, as [`fp8_in_matrix`] selects (the others read fp8 caches too, compiled on first
+/// use).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,
@@ -105,6 +118,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                                         mask,
                                         variant: variant.clone(),
                                         kv,
+                                        kv_fp8: None,
                                         tile,
                                     });
                                 }
@@ -115,5 +129,19 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
             }
         }
     }
+    let fp8: Vec<KernelSpec> = specs
+        .iter()
+        .filter(|s| s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
+        .flat_map(|s| {
+            Fp8Format::ALL
+                .into_iter()
+                .filter(|&f| fp8_in_matrix(f, &s.variant))
+                .map(|f| KernelSpec {
+                    kv_fp8: Some(f),
+                    ..s.clone()
+                })
+        })
+        .collect();
+    specs.extend(fp8);
     specs
 }

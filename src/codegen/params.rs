@@ -162,6 +162,15 @@ kernel_params! {
         /// 1 when whole K/V tiles are copied through `k_tmap` and `v_tmap` (kernels that can:
         /// `KernelSpec::copies_kv_by_tma`), 0 otherwise.
         kv_tma: u64 => "unsigned long long",
+        /// fp8 K/V: the K scales (f32, one per tensor or one per KV head); null otherwise.
+        k_scale: u64 => "const float*",
+        /// fp8 K/V: the V scales, counted as `k_scale`; null otherwise.
+        v_scale: u64 => "const float*",
+        /// fp8 K/V: entries between the scales of consecutive KV heads: 0 (one scale per tensor)
+        /// or 1 (one per head).
+        kv_scale_head_stride: i32 => "int",
+        /// Keeps the struct a multiple of 8 bytes without implicit padding.
+        reserved_fp8: i32 => "int",
     }
 }
 
@@ -169,7 +178,7 @@ const _: () = assert!(std::mem::offset_of!(PrefillParams, v_tmap) % PARAM_BLOCK_
 
 kernel_params! {
     /// Parameters of the paged-KV append kernel (`append_paged.cuh`). Pointers are device
-    /// addresses; strides are in elements.
+    /// addresses; strides are in elements of the cache (bytes for an fp8 cache).
     AppendParams {
         /// New K rows, contiguous `[total_new, num_kv_heads, head_dim_qk]`.
         k_new: u64 => "const void*",
@@ -213,8 +222,17 @@ kernel_params! {
         page_shift: i32 => "int",
         /// Page size - 1.
         page_mask: i32 => "int",
-        /// Keeps the struct a multiple of 8 bytes without implicit padding.
-        reserved: i32 => "int",
+        /// 1 when the new rows are bf16, 0 when f16.
+        new_bf16: i32 => "int",
+        /// fp8 cache: the K scales (f32, one per tensor or one per KV head); null otherwise.
+        k_scale: u64 => "const float*",
+        /// fp8 cache: the V scales, counted as `k_scale`; null otherwise.
+        v_scale: u64 => "const float*",
+        /// The cache's format: `KV_FP8_NONE` (0, a copy), `KV_FP8_E4M3` (1) or `KV_FP8_E5M2`
+        /// (2) of `fp8.cuh`.
+        fp8_format: i32 => "int",
+        /// fp8 cache: entries between the scales of consecutive KV heads (0 or 1).
+        scale_head_stride: i32 => "int",
     }
 }
 

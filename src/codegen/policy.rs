@@ -255,6 +255,7 @@ mod tests {
             mask,
             variant: VariantSpec::None,
             kv,
+            kv_fp8: None,
             tile: TileConfig::parse(tile).unwrap(),
         }
     }

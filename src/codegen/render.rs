@@ -8,6 +8,7 @@ use super::params::{ParamBlockLayout, VariantLayout};
 use super::spec::{KernelSpec, KvCache};
 use super::tile::TileConfig;
 use super::variant::{self, VariantCode};
+use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::jit::{Arch, SnippetSpan};
 use crate::problem::{MaskKind, QkAccum};
@@ -18,6 +19,7 @@ pub(super) const COMMON: (&str, &str) = ("common.cuh", include_str!("../../kerne
 const MMA: (&str, &str) = ("mma.cuh", include_str!("../../kernels/mma.cuh"));
 const SMEM_TILE: (&str, &str) = ("smem_tile.cuh", include_str!("../../kernels/smem_tile.cuh"));
 const TMA: (&str, &str) = ("tma.cuh", include_str!("../../kernels/tma.cuh"));
+const FP8: (&str, &str) = ("fp8.cuh", include_str!("../../kernels/fp8.cuh"));
 const KV_ROWS: (&str, &str) = ("kv_rows.cuh", include_str!("../../kernels/kv_rows.cuh"));
 pub(super) const MASK: (&str, &str) = ("mask.cuh", include_str!("../../kernels/mask.cuh"));
 const ONLINE_SOFTMAX: (&str, &str) = (
@@ -131,6 +133,15 @@ pub(super) fn template(out: &mut String, (name, text): (&str, &str)) {
     }
 }
 
+/// The `KV_FP8` constant of `fp8.cuh` for a cache format.
+pub(super) fn fp8_constant(format: Option<Fp8Format>) -> &'static str {
+    match format {
+        None => "KV_FP8_NONE",
+        Some(Fp8Format::E4m3) => "KV_FP8_E4M3",
+        Some(Fp8Format::E5m2) => "KV_FP8_E5M2",
+    }
+}
+
 /// Renders `spec` into CUDA source.
 pub fn render(spec: &KernelSpec) -> RenderedKernel {
     let name = spec.name();
@@ -149,6 +160,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     template(&mut out, MMA);
     template(&mut out, SMEM_TILE);
     template(&mut out, TMA);
+    template(&mut out, FP8);
     template(&mut out, KV_ROWS);
     let generated_line = |out: &String| out.lines().count() + 2;
     // A warp-specialised tile's spec constants describe its two consumer warpgroups as the
@@ -168,7 +180,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
          constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool WGMMA = {};\n\
-         constexpr bool KV_PAGED = {};\n\
+         constexpr bool KV_PAGED = {};\nconstexpr int KV_FP8 = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n{ws_stages}}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
         cuda_dtype(spec.output_dtype),
@@ -184,6 +196,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         spec.tile.split_keys,
         spec.tile.wgmma,
         spec.kv == KvCache::Paged,
+        fp8_constant(spec.kv_fp8),
     );
     out.push_str(&spec.policy().render());
     out.push_str(&layout.variant.cuda_struct());

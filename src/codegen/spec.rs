@@ -6,6 +6,7 @@
 
 use super::policy::PrefillPolicy;
 use super::tile::TileConfig;
+use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::problem::{
     AttentionProblem, CudaVariantSource, HeadDims, MaskKind, QkAccum, Variant, VariantKind,
@@ -118,6 +119,10 @@ pub struct KernelSpec {
     pub variant: VariantSpec,
     /// Where K and V come from.
     pub kv: KvCache,
+    /// The paged cache's fp8 format (`None`: K and V are `input_dtype`). The kernel dequantises
+    /// the codes into its f16/bf16 tiles (`kernels/fp8.cuh`); whether the scales are one per
+    /// tensor or one per KV head is a launch parameter (a stride of 0 or 1), not code.
+    pub kv_fp8: Option<Fp8Format>,
     /// CTA tiling.
     pub tile: TileConfig,
 }
@@ -207,7 +212,24 @@ impl KernelSpec {
             mask: problem.mask.kind(),
             variant,
             kv,
+            kv_fp8: None,
             tile,
+        })
+    }
+
+    /// The same kernel over a paged cache of `format` codes; an error for ragged K/V (fp8 K/V
+    /// live in a paged cache only).
+    pub fn with_kv_fp8(self, format: Option<Fp8Format>) -> Result<KernelSpec, Error> {
+        if format.is_some() && self.kv != KvCache::Paged {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("fp8 K/V over {} K/V", self.kv.name()),
+                supported: "fp8 K/V in a paged cache".into(),
+            });
+        }
+        Ok(KernelSpec {
+            kv_fp8: format,
+            ..self
         })
     }
 
@@ -257,9 +279,17 @@ impl KernelSpec {
             self.head_dims.vo(),
             self.mask.name(),
             self.variant.label(),
-            self.kv.name(),
+            self.kv_label(),
             self.tile.label(),
         )
+    }
+
+    /// The K/V part of the name: `ragged`, `paged`, or `paged_e4m3` / `paged_e5m2`.
+    fn kv_label(&self) -> String {
+        match self.kv_fp8 {
+            None => self.kv.name().to_string(),
+            Some(f) => format!("{}_{}", self.kv.name(), f.name()),
+        }
     }
 }
 

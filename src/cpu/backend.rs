@@ -3,7 +3,7 @@
 use super::{attention_with_isa, Isa, BACKEND};
 use crate::dtype::DType;
 use crate::merge::{merge_many, MergeShape};
-use crate::paged::{gather, PagedAttention, PagedKv};
+use crate::paged::{gather, gather_dequantized, PagedAttention, PagedCache};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, PagedRun, TileRequest};
@@ -55,7 +55,7 @@ impl Backend for CpuBackend {
         &self,
         p: &PagedAttention,
         q: &HostTensor,
-        cache: PagedKv<'_>,
+        cache: PagedCache<'_>,
         _tokens: (&HostTensor, &HostTensor),
         run: PagedRun,
         _tile: TileRequest,
@@ -68,7 +68,10 @@ impl Backend for CpuBackend {
             });
         }
         p.validate_q(q)?;
-        let (k, v) = gather(p.layout(), p.table(), cache)?;
+        let (k, v) = match cache {
+            PagedCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
+            PagedCache::Fp8(fp8) => gather_dequantized(p.layout(), p.table(), fp8)?,
+        };
         attention_with_isa(p.problem(), q, &k, &v, self.isa)
     }
 

@@ -12,29 +12,33 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::paged::{cache_strides, DevicePagedKv};
 use super::pages::KernelPages;
+use super::plan::ScaleAddress;
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
+use crate::dtype::fp8::Fp8Format;
+use crate::dtype::DType;
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
 use crate::Error;
 use cudarc::driver::{CudaStream, DevicePtr};
 use std::sync::Arc;
 
-/// The cache buffers on the device, writable, as the layout's storage says.
+/// The cache buffers on the device, writable, as the layout's storage says (device tensors of
+/// the layout's dtype, or fp8 codes).
 #[derive(Debug)]
-pub enum DevicePagedKvMut<'a> {
+pub enum DevicePagedKvMut<'a, B = DeviceTensor> {
     /// K and V in two buffers.
     Separate {
         /// The K pages.
-        k: &'a mut DeviceTensor,
+        k: &'a mut B,
         /// The V pages.
-        v: &'a mut DeviceTensor,
+        v: &'a mut B,
     },
     /// One buffer `[pages, 2, ...]`.
-    Combined(&'a mut DeviceTensor),
+    Combined(&'a mut B),
 }
 
-impl DevicePagedKvMut<'_> {
+impl<B> DevicePagedKvMut<'_, B> {
     /// The same buffers, read-only.
-    pub fn as_ref(&self) -> DevicePagedKv<'_> {
+    pub fn as_ref(&self) -> DevicePagedKv<'_, B> {
         match self {
             DevicePagedKvMut::Separate { k, v } => DevicePagedKv::Separate { k, v },
             DevicePagedKvMut::Combined(kv) => DevicePagedKv::Combined(kv),
@@ -73,7 +77,36 @@ impl Engine {
             });
         }
         let (k_buf, v_buf) = cache.as_ref().checked(layout)?;
-        let (k_cache, v_cache) = (k_buf.device_address(stream), v_buf.device_address(stream));
+        let cache_addr = (k_buf.device_address(stream), v_buf.device_address(stream));
+        let elem = layout.dtype.size_bytes() as u64;
+        let new = (k_new.device_address(stream), v_new.device_address(stream));
+        self.launch_append(
+            stream,
+            layout,
+            table,
+            append_indptr,
+            new,
+            cache_addr,
+            elem,
+            None,
+        )
+    }
+
+    /// Launches the append kernel over validated arguments: new rows at device addresses
+    /// `new` (K, V; the layout's dtype), cache buffers at `cache` of `elem`-byte elements, and
+    /// for an fp8 cache its format and scales.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_append(
+        &self,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        table: &PageTable,
+        append_indptr: &[i32],
+        (k_new, v_new): (u64, u64),
+        (k_cache, v_cache): (u64, u64),
+        elem: u64,
+        fp8: Option<(Fp8Format, ScaleAddress)>,
+    ) -> Result<(), Error> {
         let total_new = *append_indptr.last().unwrap_or(&0) as usize;
         let (h, dqk, dvo) = (
             layout.num_kv_heads,
@@ -97,14 +130,13 @@ impl Engine {
         let pages = KernelPages::new(layout, table)?;
         let page_indptr_d = upload(&pages.table.kv_page_indptr, "kv_page_indptr")?;
         let page_indices_d = upload(&pages.table.kv_page_indices, "kv_page_indices")?;
-        let elem = layout.dtype.size_bytes() as u64;
         let (k_base, _, k_token, k_head) = cache_strides(layout, true);
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
         let (k_page, v_page) = (pages.k_page_stride, pages.v_page_stride);
         let ptr = |s: &cudarc::driver::CudaSlice<i32>| s.device_ptr(stream).0;
         let params = AppendParams {
-            k_new: k_new.device_address(stream),
-            v_new: v_new.device_address(stream),
+            k_new,
+            v_new,
             k_cache: k_cache + k_base as u64 * elem,
             v_cache: v_cache + v_base as u64 * elem,
             append_indptr: ptr(&append_indptr_d),
@@ -124,7 +156,15 @@ impl Engine {
             v_chunks: (dvo / 8) as i32,
             page_shift: pages.page_size.trailing_zeros() as i32,
             page_mask: (pages.page_size - 1) as i32,
-            reserved: 0,
+            new_bf16: i32::from(layout.dtype == DType::Bf16),
+            k_scale: fp8.map_or(0, |(_, s)| s.k),
+            v_scale: fp8.map_or(0, |(_, s)| s.v),
+            fp8_format: match fp8 {
+                None => 0,
+                Some((Fp8Format::E4m3, _)) => 1,
+                Some((Fp8Format::E5m2, _)) => 2,
+            },
+            scale_head_stride: fp8.map_or(0, |(_, s)| s.head_stride),
         };
         let blocks = threads_needed.div_ceil(APPEND_THREADS as usize);
         let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {

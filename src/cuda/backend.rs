@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::jit::batch::{compile_all, BatchJob, Progress};
 use crate::jit::{Arch, CompileOptions};
 use crate::merge::MergeShape;
-use crate::paged::{PagedAttention, PagedKv};
+use crate::paged::{PagedAttention, PagedCache};
 use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
@@ -236,7 +236,10 @@ impl Backend for CudaBackend {
                 // Reported by the case's run.
                 Err(_) => continue,
             };
-            if let Ok(spec) = KernelSpec::for_problem(&case.problem, kv, tile) {
+            let kv_fp8 = case.paged.and_then(|p| p.fp8).map(|f| f.format);
+            if let Ok(spec) =
+                KernelSpec::for_problem(&case.problem, kv, tile).and_then(|s| s.with_kv_fp8(kv_fp8))
+            {
                 let r = codegen::render(&spec);
                 if seen.insert(r.source.clone()) {
                     jobs.push(BatchJob {
@@ -298,7 +301,7 @@ impl Backend for CudaBackend {
         &self,
         p: &PagedAttention,
         q: &HostTensor,
-        cache: PagedKv<'_>,
+        cache: PagedCache<'_>,
         (k, v): (&HostTensor, &HostTensor),
         run: PagedRun,
         tile: TileRequest,
@@ -310,7 +313,10 @@ impl Backend for CudaBackend {
             PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
         };
         let options = self.options(p.problem(), KvCache::Paged, tile, split)?;
-        self.engine.paged_host(p, q, cache, mode, options)
+        match cache {
+            PagedCache::Plain(cache) => self.engine.paged_host(p, q, cache, mode, options),
+            PagedCache::Fp8(cache) => self.engine.paged_host_fp8(p, q, cache, mode, options),
+        }
     }
 
     /// Lost when the stream no longer synchronises: a kernel's illegal address (or another

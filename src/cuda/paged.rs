@@ -16,10 +16,11 @@ use super::engine::Engine;
 use super::error::{CudaError, DriverContext};
 use super::graph::capture_graph;
 use super::pages::KernelPages;
-use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions};
+use super::plan::{upload, KernelPlan, KvAddress, PageAddress, PlanOptions, ScaleAddress};
 use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
 use crate::codegen::{KernelSpec, KvCache};
+use crate::dtype::fp8::Fp8Format;
 use crate::paged::{KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
 use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
@@ -27,35 +28,46 @@ use crate::{AttentionOutput, Error};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
 
-/// The cache buffers on the device, as the layout's storage says.
-#[derive(Clone, Copy, Debug)]
-pub enum DevicePagedKv<'a> {
+/// The cache buffers on the device, as the layout's storage says: device tensors of the
+/// layout's dtype, or fp8 codes (`DevicePagedKv<'_, DeviceFp8Tensor>`, read through
+/// [`super::DeviceFp8Kv`]).
+#[derive(Debug)]
+pub enum DevicePagedKv<'a, B = DeviceTensor> {
     /// K and V in two buffers, each `[pages, ...]` in the layout's order.
     Separate {
         /// The K pages.
-        k: &'a DeviceTensor,
+        k: &'a B,
         /// The V pages.
-        v: &'a DeviceTensor,
+        v: &'a B,
     },
     /// One buffer `[pages, 2, ...]`: K then V within each page.
-    Combined(&'a DeviceTensor),
+    Combined(&'a B),
 }
 
-impl<'a> DevicePagedKv<'a> {
-    /// The buffers holding K and V (the same one twice when combined), after checking that they
-    /// match `layout`: its storage, its dtype, and room for all its pages.
-    pub(crate) fn checked(
+impl<B> Clone for DevicePagedKv<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for DevicePagedKv<'_, B> {}
+
+impl<'a, B> DevicePagedKv<'a, B> {
+    /// The buffers holding K and V (the same one twice when combined), after checking that the
+    /// storage matches `layout` and, with `check(name, buffer, elements needed)`, each buffer.
+    pub(crate) fn checked_with(
         self,
         layout: &PagedKvLayout,
-    ) -> Result<(&'a DeviceTensor, &'a DeviceTensor), CudaError> {
+        check: impl Fn(&'static str, &B, usize) -> Result<(), CudaError>,
+    ) -> Result<(&'a B, &'a B), CudaError> {
         match (layout.storage, self) {
             (KvStorage::Separate, DevicePagedKv::Separate { k, v }) => {
-                check_buffer("k_cache", k, layout.dtype, layout.k_buffer_len())?;
-                check_buffer("v_cache", v, layout.dtype, layout.v_buffer_len())?;
+                check("k_cache", k, layout.k_buffer_len())?;
+                check("v_cache", v, layout.v_buffer_len())?;
                 Ok((k, v))
             }
             (KvStorage::Combined, DevicePagedKv::Combined(kv)) => {
-                check_buffer("kv_cache", kv, layout.dtype, layout.k_buffer_len())?;
+                check("kv_cache", kv, layout.k_buffer_len())?;
                 Ok((kv, kv))
             }
             (storage, _) => Err(CudaError::Buffer {
@@ -69,9 +81,24 @@ impl<'a> DevicePagedKv<'a> {
     }
 }
 
+impl<'a> DevicePagedKv<'a> {
+    /// The buffers holding K and V (the same one twice when combined), after checking that they
+    /// match `layout`: its storage, its dtype, and room for all its pages.
+    pub(crate) fn checked(
+        self,
+        layout: &PagedKvLayout,
+    ) -> Result<(&'a DeviceTensor, &'a DeviceTensor), CudaError> {
+        self.checked_with(layout, |name, t, need| {
+            check_buffer(name, t, layout.dtype, need)
+        })
+    }
+}
+
 /// A paged attention problem prepared for one engine.
 pub struct PagedPlan {
     plan: KernelPlan,
+    /// The cache's fp8 format, `None` for pages of the problem's dtype.
+    kv_fp8: Option<Fp8Format>,
     layout: PagedKvLayout,
     table: PageTable,
     /// The kernels' page size and page strides (`pages`).
@@ -114,19 +141,36 @@ impl PagedPlan {
         paged: &PagedAttention,
         options: PlanOptions,
     ) -> Result<PagedPlan, Error> {
+        PagedPlan::with_kv_fp8(engine, paged, None, options)
+    }
+
+    /// [`with_options`](Self::with_options) over a cache of `kv_fp8` codes (`None`: of the
+    /// problem's dtype); an fp8 plan runs with [`run_fp8_on`](Self::run_fp8_on).
+    pub fn with_kv_fp8(
+        engine: &Engine,
+        paged: &PagedAttention,
+        kv_fp8: Option<Fp8Format>,
+        options: PlanOptions,
+    ) -> Result<PagedPlan, Error> {
         let problem = paged.problem();
         // K and V are read through the cache layout, whose rows are whole 16-byte chunks.
         check_view_alignment("q", &problem.q_view)?;
         let table = paged.table().clone();
         let kp = KernelPages::new(paged.layout(), &table)?;
         Ok(PagedPlan {
-            plan: KernelPlan::new(engine, problem, KvCache::Paged, options)?,
+            plan: KernelPlan::with_kv_fp8(engine, problem, KvCache::Paged, kv_fp8, options)?,
+            kv_fp8,
             layout: *paged.layout(),
             kernel_pages: (kp.page_size, kp.k_page_stride, kp.v_page_stride),
             page_indptr: upload(engine, &kp.table.kv_page_indptr, "kv_page_indptr")?,
             page_indices: upload(engine, &kp.table.kv_page_indices, "kv_page_indices")?,
             table,
         })
+    }
+
+    /// The cache's fp8 format, `None` for pages of the problem's dtype.
+    pub fn kv_fp8(&self) -> Option<Fp8Format> {
+        self.kv_fp8
     }
 
     /// The kernel this plan runs.
@@ -217,17 +261,42 @@ impl PagedPlan {
         o: &mut DeviceTensor,
         lse: Option<&mut DeviceTensor>,
     ) -> Result<(), Error> {
-        let p = &self.plan.problem;
+        if let Some(format) = self.kv_fp8 {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("a cache of the problem's dtype for a plan over {format} pages"),
+                supported: "run_fp8_on with the fp8 cache the plan was made for".into(),
+            });
+        }
         let l = &self.layout;
         let (k_buf, v_buf) = cache.checked(l)?;
-        let qo = qo_address(p, stream, q, o, lse.as_deref())?;
         let elem = l.dtype.size_bytes() as u64;
+        let buffers = (k_buf.device_address(stream), v_buf.device_address(stream));
+        self.launch_paged(stream, q, buffers, elem, None, o, lse)
+    }
+
+    /// Launches over cache buffers at device addresses `(k, v)` of `elem`-byte elements in the
+    /// plan's layout, with fp8 `scales` or none.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_paged(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &DeviceTensor,
+        (k_addr, v_addr): (u64, u64),
+        elem: u64,
+        scales: Option<ScaleAddress>,
+        o: &mut DeviceTensor,
+        lse: Option<&mut DeviceTensor>,
+    ) -> Result<(), Error> {
+        let p = &self.plan.problem;
+        let l = &self.layout;
+        let qo = qo_address(p, stream, q, o, lse.as_deref())?;
         let (k_base, _, k_token, k_head) = cache_strides(l, true);
         let (v_base, _, v_token, v_head) = cache_strides(l, false);
         let (page_size, k_page, v_page) = self.kernel_pages;
         let address = KvAddress {
-            k: k_buf.device_address(stream) + k_base as u64 * elem,
-            v: v_buf.device_address(stream) + v_base as u64 * elem,
+            k: k_addr + k_base as u64 * elem,
+            v: v_addr + v_base as u64 * elem,
             k_stride_token: k_token,
             k_stride_head: k_head,
             v_stride_token: v_token,
@@ -239,6 +308,7 @@ impl PagedPlan {
                 v_page_stride: v_page,
                 page_size,
             }),
+            scales,
         };
         self.plan.launch(stream, qo, address)
     }
@@ -323,38 +393,64 @@ impl Engine {
                 plan.run(self, &qd, device_cache(&buffers), o, lse)
             }),
             PagedRunMode::GraphReplay => {
-                let real = paged.table().kv_page_indices.clone();
-                let num_pages = paged.layout().num_pages as i32;
-                let decoy: Vec<i32> = real.iter().map(|&p| (p + 1) % num_pages).collect();
-                plan.update_page_indices(stream, &decoy)?;
                 qd.write(stream, &negated(q))?;
                 for (d, h) in buffers.iter_mut().zip(&host_buffers) {
                     d.write(stream, &negated(h))?;
                 }
+                let mut state = (qd, buffers);
                 self.run_poisoned(paged.problem(), &name, |o, lse| {
-                    let mut lse = lse;
-                    let graph = capture_graph(stream, || {
-                        plan.run(self, &qd, device_cache(&buffers), o, lse.as_deref_mut())
-                    })?;
-                    graph.launch().during("launching the graph on the decoy")?;
-                    // The real contents, in the same buffers; the outputs poisoned again.
-                    plan.update_page_indices(stream, &real)?;
-                    qd.write(stream, q)?;
-                    for (d, h) in buffers.iter_mut().zip(&host_buffers) {
-                        d.write(stream, h)?;
-                    }
-                    o.fill_nan(stream)?;
-                    if let Some(l) = lse {
-                        l.fill_nan(stream)?;
-                    }
-                    graph.launch().during("replaying the graph")?;
-                    // The graph is destroyed when it goes out of scope: not while it may run.
-                    stream.synchronize().during("waiting for the replay")?;
-                    Ok(())
+                    replay_in_graph(
+                        stream,
+                        &mut plan,
+                        &mut state,
+                        (o, lse),
+                        |plan, (qd, buffers), o, lse| {
+                            plan.run(self, qd, device_cache(buffers), o, lse)
+                        },
+                        |(qd, buffers)| {
+                            qd.write(stream, q)?;
+                            for (d, h) in buffers.iter_mut().zip(&host_buffers) {
+                                d.write(stream, h)?;
+                            }
+                            Ok(())
+                        },
+                    )
                 })
             }
         }
     }
+}
+
+/// The graph-replay check of a paged plan ([`PagedRunMode::GraphReplay`]) whose buffers in
+/// `state` already hold decoy contents: rotates the page ids to decoys, captures `launch` in a
+/// CUDA graph, runs it, then writes the real page ids and (`write_real`) the real contents into
+/// the same buffers, poisons the outputs again and replays, so that the outputs prove the replay
+/// read the new contents and page ids.
+pub(crate) fn replay_in_graph<S>(
+    stream: &Arc<CudaStream>,
+    plan: &mut PagedPlan,
+    state: &mut S,
+    (o, mut lse): (&mut DeviceTensor, Option<&mut DeviceTensor>),
+    launch: impl Fn(&PagedPlan, &S, &mut DeviceTensor, Option<&mut DeviceTensor>) -> Result<(), Error>,
+    write_real: impl FnOnce(&mut S) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let real = plan.table.kv_page_indices.clone();
+    let num_pages = plan.layout.num_pages as i32;
+    let decoy: Vec<i32> = real.iter().map(|&p| (p + 1) % num_pages).collect();
+    plan.update_page_indices(stream, &decoy)?;
+    let graph = capture_graph(stream, || launch(plan, state, o, lse.as_deref_mut()))?;
+    graph.launch().during("launching the graph on the decoy")?;
+    // The real contents, in the same buffers; the outputs poisoned again.
+    plan.update_page_indices(stream, &real)?;
+    write_real(state)?;
+    o.fill_nan(stream)?;
+    if let Some(l) = lse {
+        l.fill_nan(stream)?;
+    }
+    graph.launch().during("replaying the graph")?;
+    // The graph is destroyed when it goes out of scope: not while it may run.
+    stream.synchronize().during("waiting for the replay")?;
+    Ok(())
 }
 
 /// The device cache over one (combined) or two (separate) buffers.

@@ -18,6 +18,7 @@ use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
 };
+use crate::dtype::fp8::Fp8Format;
 use crate::jit::Arch;
 use crate::problem::{AttentionProblem, HeadDims, Mask};
 use crate::Error;
@@ -48,6 +49,18 @@ pub(crate) struct KvAddress {
     pub v_stride_head: i64,
     /// Paged only: the page table on the device and the page geometry.
     pub pages: Option<PageAddress>,
+    /// fp8 K/V only: the scales on the device.
+    pub scales: Option<ScaleAddress>,
+}
+
+/// The dequantisation scales an fp8 launch reads: f32 arrays of one entry (per tensor) or one
+/// per KV head.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ScaleAddress {
+    pub k: u64,
+    pub v: u64,
+    /// 0 (one scale per tensor) or 1 (one per KV head).
+    pub head_stride: i32,
 }
 
 /// The page table a paged launch reads.
@@ -187,13 +200,24 @@ impl KernelPlan {
         kv: KvCache,
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
+        KernelPlan::with_kv_fp8(engine, problem, kv, None, options)
+    }
+
+    /// [`new`](Self::new) with K/V of fp8 `kv_fp8` codes (`None`: of the problem's dtype).
+    pub fn with_kv_fp8(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        kv_fp8: Option<Fp8Format>,
+        options: PlanOptions,
+    ) -> Result<KernelPlan, Error> {
         let sm_count = engine.info().sm_count as usize;
         let arch = plan_arch(options.tiles_of, engine.info().arch)?;
         let tile = options
             .tile
             .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
         check_tile_runs_on(tile, arch, problem.head_dims)?;
-        let spec = KernelSpec::for_problem(problem, kv, tile)?;
+        let spec = KernelSpec::for_problem(problem, kv, tile)?.with_kv_fp8(kv_fp8)?;
         let rendered = codegen::render(&spec);
         let kernel = engine.load(&rendered)?;
 
@@ -388,6 +412,10 @@ impl KernelPlan {
             page_shift: page.page_size.max(1).trailing_zeros() as i32,
             page_mask: page.page_size.saturating_sub(1) as i32,
             kv_tma: u64::from(kv_tma),
+            k_scale: kv.scales.map_or(0, |s| s.k),
+            v_scale: kv.scales.map_or(0, |s| s.v),
+            kv_scale_head_stride: kv.scales.map_or(0, |s| s.head_stride),
+            reserved_fp8: 0,
         };
         let variant_bytes = self.arrays.variant_bytes(stream, &self.layout.variant);
         let block = self.layout.pack(&fixed, &variant_bytes);

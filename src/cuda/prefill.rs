@@ -210,6 +210,7 @@ impl PrefillPlan {
             v_stride_token: p.v_view.token_stride as i64,
             v_stride_head: p.v_view.head_stride as i64,
             pages: None,
+            scales: None,
         };
         self.plan.launch(stream, qo, address)
     }

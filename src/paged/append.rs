@@ -10,8 +10,10 @@
 //! would land on a slot that another token of the batch (an existing token, or a new token of
 //! another request, e.g. through a page listed twice) also occupies.
 
-use super::layout::{PagedKvLayout, PagedKvMut};
+use super::fp8::{quantize_value, KvScales};
+use super::layout::{PagedKv, PagedKvLayout, PagedKvMut};
 use super::table::PageTable;
+use crate::dtype::fp8::Fp8Tensor;
 use crate::dtype::DType;
 use crate::problem::{InvalidProblem, TensorView, Validation};
 use crate::tensor::HostTensor;
@@ -53,6 +55,72 @@ pub fn append_paged_kv(
             writes.copy(v_new, kv, false)
         }
     }
+}
+
+/// [`append_paged_kv`] into an fp8 cache: the new K and V (of the layout's dtype) are quantised
+/// on the way in, element `x` of KV head `h` stored as `encode(x / scale[h])` (see
+/// [`quantize_value`]). Validates everything [`append_paged_kv`] does, the scales, and that
+/// every new value is finite (a non-finite value is an error naming its tensor, token, head and
+/// element) before the first write; on error the cache is unchanged.
+pub fn append_paged_kv_fp8(
+    layout: &PagedKvLayout,
+    table: &PageTable,
+    append_indptr: &[i32],
+    (k_new, v_new): (&HostTensor, &HostTensor),
+    mut cache: PagedKvMut<'_, Fp8Tensor>,
+    scales: &KvScales,
+) -> Validation {
+    let format = match cache.as_ref() {
+        PagedKv::Separate { k, .. } | PagedKv::Combined(k) => k.format,
+    };
+    layout.validate_buffers_of(cache.as_ref(), format.name())?;
+    scales.validate(layout.num_kv_heads, format, layout.dtype)?;
+    validate_append(
+        layout,
+        table,
+        append_indptr,
+        (k_new.dtype(), k_new.len()),
+        (v_new.dtype(), v_new.len()),
+    )?;
+    let (h, dqk, dvo) = (
+        layout.num_kv_heads,
+        layout.head_dims.qk(),
+        layout.head_dims.vo(),
+    );
+    let total_new = *append_indptr.last().unwrap_or(&0) as usize;
+    for (name, t, dim) in [("k_new", k_new, dqk), ("v_new", v_new, dvo)] {
+        if let Some(i) = (0..total_new * h * dim).find(|&i| !t.get_f32(i).is_finite()) {
+            return Err(InvalidProblem::new(
+                name,
+                format!(
+                    "token {} head {} element {} is {}; an fp8 cache takes finite values only",
+                    i / (h * dim),
+                    i / dim % h,
+                    i % dim,
+                    t.get_f32(i)
+                ),
+            ));
+        }
+    }
+    let writes = Writes {
+        layout,
+        table,
+        append_indptr,
+    };
+    let quantize =
+        |is_k: bool| move |x: f32, head: usize| quantize_value(format, x, scales.scale(is_k, head));
+    let (k_vals, v_vals) = (k_new.to_f32_vec(), v_new.to_f32_vec());
+    match &mut cache {
+        PagedKvMut::Separate { k, v } => {
+            writes.copy_with(&k_vals, &mut k.codes, true, quantize(true));
+            writes.copy_with(&v_vals, &mut v.codes, false, quantize(false));
+        }
+        PagedKvMut::Combined(kv) => {
+            writes.copy_with(&k_vals, &mut kv.codes, true, quantize(true));
+            writes.copy_with(&v_vals, &mut kv.codes, false, quantize(false));
+        }
+    }
+    Ok(())
 }
 
 /// Everything [`append_paged_kv`] checks before its first write except the cache buffers, with
@@ -221,6 +289,18 @@ impl Writes<'_> {
     }
 
     fn copy_typed<T: Copy>(&self, src: &[T], dst: &mut [T], is_k: bool) {
+        self.copy_with(src, dst, is_k, |x, _| x);
+    }
+
+    /// Writes `convert(x, kv_head)` of every new K (`is_k`) or V element `x` of `src` to its
+    /// place in `dst`.
+    fn copy_with<S: Copy, D>(
+        &self,
+        src: &[S],
+        dst: &mut [D],
+        is_k: bool,
+        convert: impl Fn(S, usize) -> D,
+    ) {
         let l = self.layout;
         let ps = l.page_size;
         let dim = if is_k {
@@ -244,7 +324,9 @@ impl Writes<'_> {
                         l.v_index(page, slot, h, 0)
                     };
                     let from = (token * l.num_kv_heads + h) * dim;
-                    dst[to..to + dim].copy_from_slice(&src[from..from + dim]);
+                    for (d, &x) in dst[to..to + dim].iter_mut().zip(&src[from..from + dim]) {
+                        *d = convert(x, h);
+                    }
                 }
             }
         }

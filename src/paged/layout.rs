@@ -8,6 +8,7 @@
 //! [`PagedKvLayout::k_index`] and [`PagedKvLayout::v_index`] are THE address definitions; the page
 //! table ([`super::PageTable`]) says which pages and slots a request's tokens occupy.
 
+use crate::dtype::fp8::Fp8Tensor;
 use crate::dtype::DType;
 use crate::problem::{HeadDims, InvalidProblem, Validation};
 use crate::tensor::HostTensor;
@@ -53,41 +54,98 @@ impl KvStorage {
     }
 }
 
-/// The cache buffers to read, as the layout's storage expects them.
-#[derive(Clone, Copy, Debug)]
-pub enum PagedKv<'a> {
+/// The cache buffers to read, as the layout's storage expects them: host tensors of the layout's
+/// dtype, or fp8 codes (`PagedKv<'_, Fp8Tensor>`, read through [`super::Fp8Kv`]).
+#[derive(Debug)]
+pub enum PagedKv<'a, B = HostTensor> {
     /// K and V in their own buffers ([`KvStorage::Separate`]).
     Separate {
         /// The K pages.
-        k: &'a HostTensor,
+        k: &'a B,
         /// The V pages.
-        v: &'a HostTensor,
+        v: &'a B,
     },
     /// K and V in one buffer ([`KvStorage::Combined`]).
-    Combined(&'a HostTensor),
+    Combined(&'a B),
+}
+
+impl<B> Clone for PagedKv<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for PagedKv<'_, B> {}
+
+impl<'a, B> PagedKv<'a, B> {
+    /// The buffers holding K and V (the same buffer twice for combined storage).
+    pub fn k_and_v(self) -> (&'a B, &'a B) {
+        match self {
+            PagedKv::Separate { k, v } => (k, v),
+            PagedKv::Combined(kv) => (kv, kv),
+        }
+    }
+
+    /// The buffers, one or two.
+    fn buffers(self) -> Vec<(&'static str, &'a B, bool)> {
+        match self {
+            PagedKv::Separate { k, v } => vec![("k_cache", k, true), ("v_cache", v, false)],
+            PagedKv::Combined(kv) => vec![("kv_cache", kv, true)],
+        }
+    }
 }
 
 /// The cache buffers to write (see [`PagedKv`]).
 #[derive(Debug)]
-pub enum PagedKvMut<'a> {
+pub enum PagedKvMut<'a, B = HostTensor> {
     /// K and V in their own buffers ([`KvStorage::Separate`]).
     Separate {
         /// The K pages.
-        k: &'a mut HostTensor,
+        k: &'a mut B,
         /// The V pages.
-        v: &'a mut HostTensor,
+        v: &'a mut B,
     },
     /// K and V in one buffer ([`KvStorage::Combined`]).
-    Combined(&'a mut HostTensor),
+    Combined(&'a mut B),
 }
 
-impl PagedKvMut<'_> {
+impl<B> PagedKvMut<'_, B> {
     /// A read view of the same buffers.
-    pub fn as_ref(&self) -> PagedKv<'_> {
+    pub fn as_ref(&self) -> PagedKv<'_, B> {
         match self {
             PagedKvMut::Separate { k, v } => PagedKv::Separate { k, v },
             PagedKvMut::Combined(kv) => PagedKv::Combined(kv),
         }
+    }
+}
+
+/// A cache buffer as the layout checks it: its length and the name of its element type.
+pub trait KvBuffer {
+    /// Elements held.
+    fn len(&self) -> usize;
+    /// Whether it holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The element type's name (`f16`, `e4m3`, ...).
+    fn element_name(&self) -> &'static str;
+}
+
+impl KvBuffer for HostTensor {
+    fn len(&self) -> usize {
+        HostTensor::len(self)
+    }
+    fn element_name(&self) -> &'static str {
+        self.dtype().name()
+    }
+}
+
+impl KvBuffer for Fp8Tensor {
+    fn len(&self) -> usize {
+        Fp8Tensor::len(self)
+    }
+    fn element_name(&self) -> &'static str {
+        self.format.name()
     }
 }
 
@@ -223,37 +281,46 @@ impl PagedKvLayout {
     /// [`validate`](Self::validate), then checks that the buffers match the storage, have the
     /// layout's dtype and hold `num_pages` pages.
     pub fn validate_buffers(&self, cache: PagedKv<'_>) -> Validation {
+        self.validate_buffers_of(cache, self.dtype.name())
+    }
+
+    /// [`validate`](Self::validate), then checks that the buffers match the storage, hold
+    /// elements named `element` (`f16`, `e4m3`, ...) and hold `num_pages` pages.
+    pub fn validate_buffers_of<B: KvBuffer>(
+        &self,
+        cache: PagedKv<'_, B>,
+        element: &str,
+    ) -> Validation {
         self.validate()?;
-        let buffers: Vec<(&str, &HostTensor, usize)> = match (self.storage, cache) {
-            (KvStorage::Separate, PagedKv::Separate { k, v }) => vec![
-                ("k_cache", k, self.k_buffer_len()),
-                ("v_cache", v, self.v_buffer_len()),
-            ],
-            (KvStorage::Combined, PagedKv::Combined(kv)) => {
-                vec![("kv_cache", kv, self.k_buffer_len())]
-            }
-            (storage, _) => {
-                let other = match storage {
-                    KvStorage::Separate => "one combined buffer",
-                    KvStorage::Combined => "separate K and V buffers",
-                };
-                return Err(InvalidProblem::new(
-                    "kv_cache",
-                    format!(
-                        "the layout's storage is {} but {other} were given",
-                        storage.name()
-                    ),
-                ));
-            }
+        let given = match cache {
+            PagedKv::Separate { .. } => KvStorage::Separate,
+            PagedKv::Combined(_) => KvStorage::Combined,
         };
-        for (name, t, need) in buffers {
-            if t.dtype() != self.dtype {
+        if given != self.storage {
+            let other = match self.storage {
+                KvStorage::Separate => "one combined buffer",
+                KvStorage::Combined => "separate K and V buffers",
+            };
+            return Err(InvalidProblem::new(
+                "kv_cache",
+                format!(
+                    "the layout's storage is {} but {other} were given",
+                    self.storage.name()
+                ),
+            ));
+        }
+        for (name, t, is_k) in cache.buffers() {
+            let need = if is_k {
+                self.k_buffer_len()
+            } else {
+                self.v_buffer_len()
+            };
+            if t.element_name() != element {
                 return Err(InvalidProblem::new(
                     name,
                     format!(
-                        "has dtype {} but the cache layout's dtype is {}",
-                        t.dtype(),
-                        self.dtype
+                        "has elements of {} but the cache holds {element}",
+                        t.element_name()
                     ),
                 ));
             }

@@ -29,7 +29,7 @@ mod widest;
 pub use custom::sample_custom_variant;
 pub use inputs::{extent, random_inputs, random_inputs_scaled};
 pub use merge::{merge_cases, merge_expected, MergeCase};
-pub use paged::{PagedCase, PagedInputs, PagedRun};
+pub use paged::{CacheBuffers, Fp8Case, PagedCase, PagedInputs, PagedRun};
 pub use widest::TileRequest;
 
 use crate::compare::Tolerance;

@@ -15,15 +15,19 @@
 //! (one query per request) at batch 1, 7, 64, 256 and a skewed batch of 128 requests with KV
 //! lengths up to 32768, GQA groups 1, 4, 8, every variant; paged prefill (chunked prefill over a
 //! cache); and, where the backend has the device paths, a decode and a paged prefill case replayed
-//! from a CUDA graph and two cases whose cache the GPU fills with its own append.
+//! from a CUDA graph and two cases whose cache the GPU fills with its own append. Then fp8 copies
+//! ([`Fp8Case`]): the cache quantised by the append to e4m3 or e5m2 with scales per tensor or per
+//! KV head drawn from the case's K/V range, judged against the reference on the dequantised K/V
+//! ([`PagedInputs::dequantized`]); two of them with scales that saturate the largest values.
 
 use super::grid::{grid_variants, mask_variant_pairs, DtypeConfig, MaskSpec, Point, VariantSpec};
 use super::rng::SplitMix64;
 use super::{BackendCaps, Case, Suite};
+use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
 use crate::dtype::DType;
 use crate::paged::{
-    append_paged_kv, KvOrder, KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout,
-    PagedKvMut,
+    append_paged_kv, append_paged_kv_fp8, gather_dequantized, Fp8Kv, KvOrder, KvScales, KvStorage,
+    PageTable, PagedAttention, PagedCache, PagedKv, PagedKvLayout, PagedKvMut,
 };
 use crate::problem::{HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
@@ -39,6 +43,32 @@ pub struct PagedCase {
     pub storage: KvStorage,
     /// How the backend runs it.
     pub run: PagedRun,
+    /// An fp8 cache (quantised by the append), or `None` for pages of the problem's dtype.
+    pub fp8: Option<Fp8Case>,
+}
+
+/// The fp8 form of a paged case's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Case {
+    /// The element format.
+    pub format: Fp8Format,
+    /// One scale per KV head (else one per tensor).
+    pub per_head: bool,
+    /// Scales that put the case's largest magnitudes beyond the format's range, so that the
+    /// append saturates them.
+    pub saturate: bool,
+}
+
+impl Fp8Case {
+    /// Name fragment, e.g. `e4m3`, `e5m2-head`, `e4m3-sat`.
+    pub fn name(&self) -> String {
+        format!(
+            "{}{}{}",
+            self.format.name(),
+            if self.per_head { "-head" } else { "" },
+            if self.saturate { "-sat" } else { "" }
+        )
+    }
 }
 
 /// How a backend runs a paged case.
@@ -66,10 +96,10 @@ const SALT_PAGES: u64 = 0x9a9e;
 
 impl PagedCase {
     /// Name fragment, e.g. `paged16-nhd-separate` (`-graph` when replayed from a graph,
-    /// `-append` when the GPU fills the cache).
+    /// `-append` when the GPU fills the cache, `-e4m3`... for an fp8 cache).
     pub fn name(&self) -> String {
         format!(
-            "paged{}-{}-{}{}",
+            "paged{}-{}-{}{}{}",
             self.page_size,
             self.order.name().to_lowercase(),
             self.storage.name(),
@@ -78,28 +108,66 @@ impl PagedCase {
                 PagedRun::GraphReplay => "-graph",
                 PagedRun::DeviceAppend => "-append",
                 PagedRun::OppositeSplit => "-splitpair",
-            }
+            },
+            self.fp8.map_or(String::new(), |f| format!("-{}", f.name()))
         )
     }
 }
 
-/// The cache buffers of a paged case: one (combined) or two (K, V).
+/// The cache buffers of a paged case: one (combined) or two (K, V), of the problem's dtype or
+/// fp8 codes with their scales.
+#[derive(Clone, Debug)]
+pub enum CacheBuffers {
+    /// Pages of the problem's dtype.
+    Plain(Vec<HostTensor>),
+    /// Pages of fp8 codes.
+    Fp8 {
+        /// The code buffers.
+        pages: Vec<Fp8Tensor>,
+        /// The dequantisation scales.
+        scales: KvScales,
+    },
+}
+
+/// The cache of a paged case and what it holds.
 #[derive(Clone, Debug)]
 pub struct PagedInputs {
     /// The validated paged problem.
     pub paged: PagedAttention,
     /// The cache buffers.
-    pub buffers: Vec<HostTensor>,
+    pub buffers: CacheBuffers,
+    /// For an fp8 cache, the ragged K and V as its readers see them (dequantised): what the
+    /// expected output is computed from. `None` for a plain cache, which holds the case's K/V
+    /// exactly.
+    pub dequantized: Option<(HostTensor, HostTensor)>,
 }
 
 impl PagedInputs {
     /// The cache as the backends take it.
-    pub fn cache(&self) -> PagedKv<'_> {
-        match &self.buffers[..] {
-            [k, v] => PagedKv::Separate { k, v },
-            [kv] => PagedKv::Combined(kv),
-            _ => unreachable!("a cache has one or two buffers"),
+    pub fn cache(&self) -> PagedCache<'_> {
+        match &self.buffers {
+            CacheBuffers::Plain(b) => PagedCache::Plain(pages_of(b)),
+            CacheBuffers::Fp8 { pages, scales } => PagedCache::Fp8(Fp8Kv {
+                pages: pages_of(pages),
+                scales,
+            }),
         }
+    }
+}
+
+fn pages_of<B>(buffers: &[B]) -> PagedKv<'_, B> {
+    match buffers {
+        [k, v] => PagedKv::Separate { k, v },
+        [kv] => PagedKv::Combined(kv),
+        _ => unreachable!("a cache has one or two buffers"),
+    }
+}
+
+fn pages_mut_of<B>(buffers: &mut [B]) -> PagedKvMut<'_, B> {
+    match buffers {
+        [kb, vb] => PagedKvMut::Separate { k: kb, v: vb },
+        [kv] => PagedKvMut::Combined(kv),
+        _ => unreachable!("a cache has one or two buffers"),
     }
 }
 
@@ -114,6 +182,41 @@ impl Case {
         let spec = self.paged?;
         Some(build_cache(self, spec, k, v))
     }
+}
+
+/// Salt of an fp8 case's scales.
+const SALT_SCALES: u64 = 0x5ca1e;
+
+/// The scales of an fp8 case: `max|x| / largest finite` of K and of V (per head or over all
+/// heads), times a seeded factor in 0.5..1.5 (so some values saturate slightly at most), or
+/// times 1/16 for a saturation case (the largest values land far beyond the range).
+fn fp8_scales(case: &Case, f: Fp8Case, k: &HostTensor, v: &HostTensor) -> KvScales {
+    let p = &case.problem;
+    let heads = p.num_kv_heads;
+    let mut rng = SplitMix64::with_salt(case.seed, SALT_SCALES);
+    let mut per = |t: &HostTensor, dim: usize| -> Vec<f32> {
+        let mut max = vec![0f32; heads];
+        for (i, x) in t.to_f32_vec().into_iter().enumerate() {
+            let h = i / dim % heads;
+            max[h] = max[h].max(x.abs());
+        }
+        if !f.per_head {
+            max = vec![max.iter().copied().fold(0f32, f32::max)];
+        }
+        max.into_iter()
+            .map(|m| {
+                let factor = if f.saturate {
+                    1.0 / 16.0
+                } else {
+                    0.5 + rng.uniform() as f32
+                };
+                (m.max(1e-3) / f.format.max_finite() * factor).max(f32::MIN_POSITIVE)
+            })
+            .collect()
+    };
+    let ks = per(k, p.head_dims.qk());
+    let vs = per(v, p.head_dims.vo());
+    KvScales::per_head(ks, vs)
 }
 
 fn build_cache(
@@ -142,21 +245,57 @@ fn build_cache(
         dtype: p.input_dtype,
     };
     layout.validate()?;
-    let mut buffers = match spec.storage {
-        KvStorage::Separate => vec![
-            HostTensor::nan(p.input_dtype, layout.k_buffer_len()),
-            HostTensor::nan(p.input_dtype, layout.v_buffer_len()),
-        ],
-        KvStorage::Combined => vec![HostTensor::nan(p.input_dtype, layout.k_buffer_len())],
+    let lens = |make: &dyn Fn(usize) -> usize| match spec.storage {
+        KvStorage::Separate => vec![make(layout.k_buffer_len()), make(layout.v_buffer_len())],
+        KvStorage::Combined => vec![make(layout.k_buffer_len())],
     };
-    let cache = match &mut buffers[..] {
-        [kb, vb] => PagedKvMut::Separate { k: kb, v: vb },
-        [kv] => PagedKvMut::Combined(kv),
-        _ => unreachable!("one or two buffers were made above"),
+    let (buffers, dequantized) = match spec.fp8 {
+        None => {
+            let mut buffers: Vec<HostTensor> = lens(&|n| n)
+                .into_iter()
+                .map(|n| HostTensor::nan(p.input_dtype, n))
+                .collect();
+            append_paged_kv(
+                &layout,
+                &table,
+                &p.batch.kv_indptr,
+                k,
+                v,
+                pages_mut_of(&mut buffers),
+            )?;
+            (CacheBuffers::Plain(buffers), None)
+        }
+        Some(f) => {
+            let scales = fp8_scales(case, f, k, v);
+            let mut pages: Vec<Fp8Tensor> = lens(&|n| n)
+                .into_iter()
+                .map(|n| Fp8Tensor::nan(f.format, n))
+                .collect();
+            append_paged_kv_fp8(
+                &layout,
+                &table,
+                &p.batch.kv_indptr,
+                (k, v),
+                pages_mut_of(&mut pages),
+                &scales,
+            )?;
+            let tokens = gather_dequantized(
+                &layout,
+                &table,
+                Fp8Kv {
+                    pages: pages_of(&pages),
+                    scales: &scales,
+                },
+            )?;
+            (CacheBuffers::Fp8 { pages, scales }, Some(tokens))
+        }
     };
-    append_paged_kv(&layout, &table, &p.batch.kv_indptr, k, v, cache)?;
     let paged = PagedAttention::new(p.clone(), layout, table)?;
-    Ok(PagedInputs { paged, buffers })
+    Ok(PagedInputs {
+        paged,
+        buffers,
+        dequantized,
+    })
 }
 
 /// Page sizes, orders and storages the grid rotates through.
@@ -171,6 +310,7 @@ pub(super) fn layout_at(i: usize, run: PagedRun) -> PagedCase {
         order: ORDERS[(i / PAGE_SIZES.len()) % ORDERS.len()],
         storage: STORAGES[(i / 2) % STORAGES.len()],
         run,
+        fp8: None,
     }
 }
 
@@ -344,6 +484,7 @@ pub fn paged_cases(
                 order: KvOrder::Hnd,
                 storage: KvStorage::Combined,
                 run: PagedRun::DeviceAppend,
+                fp8: None,
             },
             "decode",
         ));
@@ -361,6 +502,7 @@ pub fn paged_cases(
                 order: KvOrder::Nhd,
                 storage: KvStorage::Separate,
                 run: PagedRun::DeviceAppend,
+                fp8: None,
             },
             "paged-prefill",
         ));
@@ -427,6 +569,7 @@ pub fn paged_cases(
             order: KvOrder::Hnd,
             storage: KvStorage::Combined,
             run: PagedRun::Direct,
+            fp8: None,
         },
         "decode",
     ));
@@ -448,14 +591,51 @@ pub fn paged_cases(
             } else {
                 PagedRun::Direct
             },
+            fp8: None,
         },
         "paged-prefill",
     ));
+    out.extend(fp8_copies(&out));
     // A combined buffer needs equal K and V head dims.
     for (point, layout, _) in &mut out {
         if point.head_dims.qk() != point.head_dims.vo() {
             layout.storage = KvStorage::Separate;
         }
+    }
+    out
+}
+
+/// fp8 copies of the plain cases (see the module docs): every mask x variant pair, every other
+/// decode case, every paged prefill and device-path case, with both formats and per-tensor and
+/// per-head scales rotating; the first decode and the first paged prefill copy saturate.
+fn fp8_copies(plain: &[(Point, PagedCase, &'static str)]) -> Vec<(Point, PagedCase, &'static str)> {
+    let mut out: Vec<(Point, PagedCase, &'static str)> = Vec::new();
+    let mut decode = 0;
+    for (point, layout, tag) in plain {
+        if *tag == "decode" && layout.run == PagedRun::Direct {
+            decode += 1;
+            if decode % 2 == 0 {
+                continue;
+            }
+        }
+        let n = out.len();
+        let saturate = match *tag {
+            "decode" | "paged-prefill" => !out.iter().any(|(_, _, t)| t == tag),
+            _ => false,
+        };
+        let fp8 = Fp8Case {
+            format: Fp8Format::ALL[n % 2],
+            per_head: (n / 2) % 2 == 1,
+            saturate,
+        };
+        out.push((
+            point.clone(),
+            PagedCase {
+                fp8: Some(fp8),
+                ..*layout
+            },
+            tag,
+        ));
     }
     out
 }

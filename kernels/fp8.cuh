@@ -1,0 +1,123 @@
+// fp8.cuh — fp8 KV-cache codes (e4m3, e5m2): exact decoding, dequantisation to the tile's f16 or
+// bf16, and the quantising encoding of the append. The definitions are docs/semantics.md's ("fp8
+// KV cache") and `dtype::fp8`'s on the host:
+// - decode(code) is exact in f32 (sm_89 and later: the cvt.rn.f16x2.e4m3x2/e5m2x2 instructions,
+//   exact, then f16 -> f32; sm_80: the bit fields assembled by hand, e5m2 being the top byte of
+//   an f16);
+// - dequantised = T(decode(code) * scale): mul.rn.f32 (never flushed to zero), then cvt.rn to T,
+//   exactly what the host reference computes;
+// - encode(x / scale): div.rn.f32, then the nearest code, ties to even, magnitudes beyond the
+//   largest finite saturated, NaN to 0x7F, written out in integer steps as the host does (not the
+//   sm_89 cvt: one code path on every architecture).
+// Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
+// dequantize_fp8x8, f32_to_fp8, mul_rn, div_rn.
+
+constexpr int KV_FP8_NONE = 0;
+constexpr int KV_FP8_E4M3 = 1;
+constexpr int KV_FP8_E5M2 = 2;
+
+// Select<C, A, B>::type is A when C holds, else B.
+template <bool C, typename A, typename B>
+struct Select {
+  using type = A;
+};
+template <typename A, typename B>
+struct Select<false, A, B> {
+  using type = B;
+};
+
+// a * b, rounded to nearest even, subnormals kept (whatever the compile flags say about f32).
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// a / b, IEEE division rounded to nearest even, subnormals kept.
+__device__ __forceinline__ float div_rn(float a, float b) {
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// The exact value of one code (bits 0..7 of `c`).
+template <int FMT>
+__device__ __forceinline__ float fp8_to_float(u32_t c) {
+  if constexpr (FMT == KV_FP8_E5M2) {
+    // e5m2 is an f16 without its low 8 mantissa bits: same bias, infinities and NaNs.
+    return DTypeTraits<f16_t>::to_float(static_cast<u16_t>((c & 0xffu) << 8));
+  } else {
+    const u32_t mag = c & 0x7fu;
+    // Normal: rebias the exponent (7 -> 127) and move the 3 mantissa bits to the top of f32's.
+    // Subnormal (exponent field 0): mantissa * 2^-9, exact.
+    float x = (mag >> 3) != 0 ? __uint_as_float((mag << 20) + (120u << 23)) : static_cast<float>(mag) * 0.001953125f;
+    if (mag == 0x7fu) x = __uint_as_float(0x7fc00000u);
+    return (c & 0x80u) ? -x : x;
+  }
+}
+
+// The exact values of the two codes in bits 0..15 of `c` (the low byte first).
+template <int FMT>
+__device__ __forceinline__ void fp8x2_to_float2(u32_t c, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+  const u16_t codes = static_cast<u16_t>(c & 0xffffu);
+  u32_t h2;
+  if constexpr (FMT == KV_FP8_E5M2) {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  } else {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  }
+  f16x2_to_float2(h2, lo, hi);
+#else
+  lo = fp8_to_float<FMT>(c);
+  hi = fp8_to_float<FMT>(c >> 8);
+#endif
+}
+
+// Eight codes (`c.x` holds codes 0..3, low byte first) dequantised with `scale` to eight T values
+// packed as a 16-byte tile chunk (element 0 in the low half of `.x`).
+template <typename T, int FMT>
+__device__ __forceinline__ uint4 dequantize_fp8x8(uint2 c, float scale) {
+  u32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const u32_t word = i < 2 ? c.x : c.y;
+    float lo, hi;
+    fp8x2_to_float2<FMT>(word >> (16 * (i % 2)), lo, hi);
+    out[i] = DTypeTraits<T>::pack2(mul_rn(lo, scale), mul_rn(hi, scale));
+  }
+  uint4 r;
+  r.x = out[0];
+  r.y = out[1];
+  r.z = out[2];
+  r.w = out[3];
+  return r;
+}
+
+// The code of x: nearest, ties to even, |x| beyond the largest finite value (infinities included)
+// saturating to it, NaN to 0x7F, -0 to 0x80.
+template <int FMT>
+__device__ __forceinline__ u32_t f32_to_fp8(float x) {
+  constexpr int M = FMT == KV_FP8_E4M3 ? 3 : 2;
+  constexpr int BIAS = FMT == KV_FP8_E4M3 ? 7 : 15;
+  constexpr float MAX_FINITE = FMT == KV_FP8_E4M3 ? 448.0f : 57344.0f;
+  constexpr u32_t MAX_CODE = FMT == KV_FP8_E4M3 ? 0x7eu : 0x7bu;
+  const u32_t bits = __float_as_uint(x);
+  const u32_t sign = (bits >> 24) & 0x80u;
+  const u32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return 0x7fu;
+  const float a = __uint_as_float(abs_bits);
+  if (a >= MAX_FINITE) return sign | MAX_CODE;
+  // floor(log2(a)), at least the smallest normal exponent (an f32 subnormal gives -127).
+  const int e = max(static_cast<int>(abs_bits >> 23) - 127, 1 - BIAS);
+  // a / 2^(e - M) is exact (a power-of-two scaling to below 2^(M + 1)); rint rounds half to even.
+  const float n = rintf(mul_rn(a, __uint_as_float(static_cast<u32_t>(127 + M - e) << 23)));
+  u32_t q = static_cast<u32_t>(n);
+  int exp = e;
+  if (q == (1u << (M + 1))) {
+    q >>= 1;
+    exp += 1;
+  }
+  const u32_t code = q < (1u << M) ? q : ((static_cast<u32_t>(exp + BIAS) << M) | (q - (1u << M)));
+  return sign | code;
+}

@@ -1,0 +1,454 @@
+//! The fp8 paged KV cache (host side): a cache filled by the quantising append and read by the
+//! reference and the CPU backend equals attention over the dequantised tensors computed element
+//! by element from `docs/semantics.md`, for both formats, per-tensor and per-head scales, every
+//! page geometry; scales and non-finite inputs are checked with errors naming their field, and
+//! a failed append leaves the cache unchanged.
+
+use attnforge::compare::{compare, Tolerance};
+use attnforge::cpu;
+use attnforge::dtype::fp8::{Fp8Format, Fp8Tensor};
+use attnforge::dtype::DType;
+use attnforge::paged::{
+    append_paged_kv_fp8, dequantize, gather_dequantized, Fp8Kv, KvOrder, KvScales, KvStorage,
+    PageTable, PagedAttention, PagedKv, PagedKvLayout, PagedKvMut,
+};
+use attnforge::problem::HeadDims;
+use attnforge::reference;
+use attnforge::tensor::HostTensor;
+use attnforge::testing::grid::VariantSpec;
+use attnforge::testing::random_inputs;
+use attnforge::testing::rng::SplitMix64;
+use proptest::prelude::*;
+use support::{point_spec, Axes, PointSpec};
+
+mod support;
+
+/// Proptest cases per property (each runs the f64 reference on a small batch).
+const PROPTEST_CASES: u32 = 96;
+/// Pages in the cache beyond those the table uses (left NaN).
+const SPARE_PAGES: usize = 3;
+
+/// A random fp8 paged problem (plain data so proptest can shrink and print it).
+#[derive(Clone, Debug)]
+struct Spec {
+    point: PointSpec,
+    page_size: usize,
+    order: KvOrder,
+    storage: KvStorage,
+    format: Fp8Format,
+    per_head: bool,
+    /// log2 of the base scale, as a fraction of the format's range.
+    scale_exp: i32,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    let variants = prop_oneof![
+        Just(VariantSpec::None),
+        Just(VariantSpec::SoftCap(2.0)),
+        Just(VariantSpec::Alibi),
+        Just(VariantSpec::Sinks),
+    ];
+    let lens = prop::collection::vec((prop_oneof![Just(1usize), 0usize..6], 0usize..120), 1..4);
+    let axes = Axes {
+        max_window: 20,
+        variants: variants.boxed(),
+        groups: vec![1, 4, 8],
+        lens: lens.boxed(),
+    };
+    (
+        point_spec(axes),
+        (0u32..=7).prop_map(|k| 1usize << k),
+        prop_oneof![Just(KvOrder::Nhd), Just(KvOrder::Hnd)],
+        prop_oneof![Just(KvStorage::Separate), Just(KvStorage::Combined)],
+        prop_oneof![Just(Fp8Format::E4m3), Just(Fp8Format::E5m2)],
+        any::<bool>(),
+        -12i32..=2,
+    )
+        .prop_map(
+            |(point, page_size, order, storage, format, per_head, scale_exp)| Spec {
+                storage: if point.head_dims.qk() == point.head_dims.vo() {
+                    storage
+                } else {
+                    KvStorage::Separate
+                },
+                point,
+                page_size,
+                order,
+                format,
+                per_head,
+                scale_exp,
+            },
+        )
+}
+
+/// Scales for `heads` KV heads: around `2^exp` (clamped so the format's largest value stays
+/// finite in f16), varying per head when `per_head`.
+fn scales(s: &Spec, heads: usize, rng: &mut SplitMix64) -> KvScales {
+    let top = 60000.0 / s.format.max_finite();
+    let mut draw = || (2f32.powi(s.scale_exp) * (0.5 + rng.uniform() as f32)).min(top);
+    if s.per_head {
+        let k = (0..heads).map(|_| draw()).collect();
+        let v = (0..heads).map(|_| draw()).collect();
+        KvScales::per_head(k, v)
+    } else {
+        KvScales::per_tensor(draw(), draw())
+    }
+}
+
+/// The dequantised contiguous tensor `[tokens, heads, dim]` from the semantics, element by
+/// element: `T(decode(encode(x / s)) * s)`.
+fn dequantised(
+    t: &HostTensor,
+    heads: usize,
+    dim: usize,
+    format: Fp8Format,
+    scale: impl Fn(usize) -> f32,
+) -> HostTensor {
+    let vals: Vec<f32> = t
+        .to_f32_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let s = scale(i / dim % heads);
+            format.decode(format.encode(x / s)) * s
+        })
+        .collect();
+    HostTensor::from_f32(t.dtype(), &vals)
+}
+
+fn layout_and_table(s: &Spec, kv_lens: &[usize]) -> (PagedKvLayout, PageTable) {
+    let pt = &s.point;
+    let used: usize = kv_lens.iter().map(|n| n.div_ceil(s.page_size)).sum();
+    let num_pages = used + SPARE_PAGES;
+    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+    let mut rng = SplitMix64::with_salt(pt.seed, 0x9a6e);
+    for i in (1..num_pages).rev() {
+        ids.swap(i, rng.range_usize(0, i));
+    }
+    let table = PageTable::from_kv_lens(kv_lens, s.page_size, &ids).unwrap();
+    let layout = PagedKvLayout {
+        num_pages,
+        page_size: s.page_size,
+        num_kv_heads: pt.kv_heads,
+        head_dims: pt.head_dims,
+        order: s.order,
+        storage: s.storage,
+        dtype: pt.config.dtype,
+    };
+    (layout, table)
+}
+
+fn nan_buffers(layout: &PagedKvLayout, format: Fp8Format) -> Vec<Fp8Tensor> {
+    match layout.storage {
+        KvStorage::Separate => vec![
+            Fp8Tensor::nan(format, layout.k_buffer_len()),
+            Fp8Tensor::nan(format, layout.v_buffer_len()),
+        ],
+        KvStorage::Combined => vec![Fp8Tensor::nan(format, layout.k_buffer_len())],
+    }
+}
+
+fn pages(bufs: &[Fp8Tensor]) -> PagedKv<'_, Fp8Tensor> {
+    match bufs {
+        [kv] => PagedKv::Combined(kv),
+        [k, v] => PagedKv::Separate { k, v },
+        _ => panic!("one or two buffers"),
+    }
+}
+
+fn pages_mut(bufs: &mut [Fp8Tensor]) -> PagedKvMut<'_, Fp8Tensor> {
+    match bufs {
+        [kv] => PagedKvMut::Combined(kv),
+        [k, v] => PagedKvMut::Separate { k, v },
+        _ => panic!("one or two buffers"),
+    }
+}
+
+/// Builds the case and checks it; `Err` describes a failure.
+fn check(s: &Spec) -> Result<(), String> {
+    let pt = &s.point;
+    let contiguous = pt.point().problem(pt.seed);
+    let (q, k, v) = random_inputs(&contiguous, pt.seed);
+    let kv_lens: Vec<usize> = pt.lens.iter().map(|&(_, kv)| kv).collect();
+    let (layout, table) = layout_and_table(s, &kv_lens);
+    let scales = scales(s, pt.kv_heads, &mut SplitMix64::with_salt(pt.seed, 0x5ca1));
+    let mut bufs = nan_buffers(&layout, s.format);
+    let all_new = table.kv_indptr(layout.page_size);
+    append_paged_kv_fp8(
+        &layout,
+        &table,
+        &all_new,
+        (&k, &v),
+        pages_mut(&mut bufs),
+        &scales,
+    )
+    .map_err(|e| format!("append: {e}"))?;
+    let cache = Fp8Kv {
+        pages: pages(&bufs),
+        scales: &scales,
+    };
+    let (h, dqk, dvo) = (pt.kv_heads, pt.head_dims.qk(), pt.head_dims.vo());
+    let kd = dequantised(&k, h, dqk, s.format, |h| scales.scale(true, h));
+    let vd = dequantised(&v, h, dvo, s.format, |h| scales.scale(false, h));
+
+    let (gk, gv) =
+        gather_dequantized(&layout, &table, cache).map_err(|e| format!("gather: {e}"))?;
+    if gk != kd || gv != vd {
+        return Err("gathered dequantised K/V differ from the element-wise dequantisation".into());
+    }
+    let paged = PagedAttention::new(contiguous.clone(), layout, table)
+        .map_err(|e| format!("PagedAttention::new: {e}"))?;
+    let want = reference::attention(&contiguous, &q, &kd, &vd).map_err(|e| format!("ref: {e}"))?;
+    let got_ref =
+        reference::paged_attention(&paged, &q, cache).map_err(|e| format!("paged ref: {e}"))?;
+    if got_ref != want {
+        return Err("fp8 paged reference differs from the reference on dequantised K/V".into());
+    }
+    let got_cpu = cpu::paged_attention(&paged, &q, cache).map_err(|e| format!("paged cpu: {e}"))?;
+    let ragged_cpu = cpu::attention(paged.problem(), &q, &kd, &vd).map_err(|e| format!("{e}"))?;
+    if got_cpu != ragged_cpu {
+        return Err("fp8 paged CPU differs from ragged CPU on the dequantised K/V".into());
+    }
+    let cmp = compare(&got_cpu, &want);
+    let tol = Tolerance::for_problem(&contiguous);
+    if !cmp.passes(&tol) {
+        return Err(format!("paged CPU vs reference: {cmp} (tolerance {tol:?})"));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: PROPTEST_CASES, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fp8_paged_equals_reference_on_dequantised_kv(s in spec()) {
+        if let Err(e) = check(&s) {
+            prop_assert!(false, "{e}\n{s:?}");
+        }
+    }
+}
+
+// ---- Validation ----
+
+fn small(format: Fp8Format) -> (PagedKvLayout, PageTable, Vec<Fp8Tensor>) {
+    let layout = PagedKvLayout {
+        num_pages: 2,
+        page_size: 4,
+        num_kv_heads: 2,
+        head_dims: HeadDims::equal(64).unwrap(),
+        order: KvOrder::Nhd,
+        storage: KvStorage::Separate,
+        dtype: DType::F16,
+    };
+    let table = PageTable::from_kv_lens(&[5], 4, &[1, 0]).unwrap();
+    let bufs = nan_buffers(&layout, format);
+    (layout, table, bufs)
+}
+
+fn new_tokens(n: usize, value: f32) -> HostTensor {
+    HostTensor::from_f32(DType::F16, &vec![value; n * 2 * 64])
+}
+
+#[test]
+fn bad_scales_are_errors_naming_the_field() {
+    let cases: [(KvScales, Fp8Format, &str); 7] = [
+        (
+            KvScales::per_tensor(0.0, 1.0),
+            Fp8Format::E4m3,
+            "k_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(1.0, -2.0),
+            Fp8Format::E4m3,
+            "v_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(f32::NAN, 1.0),
+            Fp8Format::E4m3,
+            "k_scale[0]",
+        ),
+        (
+            KvScales::per_tensor(1.0, f32::INFINITY),
+            Fp8Format::E5m2,
+            "v_scale[0]",
+        ),
+        (
+            KvScales::per_head(vec![1.0; 3], vec![1.0; 3]),
+            Fp8Format::E4m3,
+            "k_scale",
+        ),
+        (
+            KvScales::per_head(vec![1.0; 2], vec![1.0]),
+            Fp8Format::E4m3,
+            "v_scale",
+        ),
+        // 57344 * 2 overflows f16.
+        (
+            KvScales::per_head(vec![1.0, 2.0], vec![1.0; 2]),
+            Fp8Format::E5m2,
+            "k_scale[1]",
+        ),
+    ];
+    for (scales, format, field) in cases {
+        let (layout, table, mut bufs) = small(format);
+        let before = bufs.clone();
+        let new = new_tokens(5, 1.0);
+        let err = append_paged_kv_fp8(
+            &layout,
+            &table,
+            &[0, 5],
+            (&new, &new),
+            pages_mut(&mut bufs),
+            &scales,
+        )
+        .unwrap_err();
+        assert_eq!(err.field, field, "{scales:?}: {err}");
+        assert_eq!(bufs, before, "a failed append leaves the cache unchanged");
+        let cache = Fp8Kv {
+            pages: pages(&bufs),
+            scales: &scales,
+        };
+        let err = gather_dequantized(&layout, &table, cache).unwrap_err();
+        assert_eq!(err.field, field);
+        assert_eq!(dequantize(&layout, cache).unwrap_err().field, field);
+    }
+    // 448 * 100 is finite in f16 and 57344 * 1.0 too: accepted.
+    let ok = KvScales::per_tensor(100.0, 1.0);
+    ok.validate(2, Fp8Format::E4m3, DType::F16).unwrap();
+    KvScales::per_tensor(1.0, 1.0)
+        .validate(2, Fp8Format::E5m2, DType::F16)
+        .unwrap();
+    KvScales::per_tensor(1e30, 1.0)
+        .validate(2, Fp8Format::E4m3, DType::Bf16)
+        .unwrap();
+}
+
+#[test]
+fn non_finite_new_values_are_errors_and_leave_the_cache_unchanged() {
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let (layout, table, mut bufs) = small(Fp8Format::E4m3);
+        let before = bufs.clone();
+        let good = new_tokens(5, 0.5);
+        let mut vals = good.to_f32_vec();
+        vals[3 * 128 + 64 + 7] = bad;
+        let poisoned = HostTensor::from_f32(DType::F16, &vals);
+        let scales = KvScales::per_tensor(1.0, 1.0);
+        let err = append_paged_kv_fp8(
+            &layout,
+            &table,
+            &[0, 5],
+            (&good, &poisoned),
+            pages_mut(&mut bufs),
+            &scales,
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "v_new");
+        assert!(
+            err.to_string().contains("token 3 head 1 element 7"),
+            "{err}"
+        );
+        assert_eq!(bufs, before);
+    }
+}
+
+#[test]
+fn mixed_formats_and_wrong_storage_are_errors() {
+    let (layout, table, mut bufs) = small(Fp8Format::E4m3);
+    bufs[1] = Fp8Tensor::nan(Fp8Format::E5m2, layout.v_buffer_len());
+    let scales = KvScales::per_tensor(1.0, 1.0);
+    let cache = Fp8Kv {
+        pages: pages(&bufs),
+        scales: &scales,
+    };
+    assert_eq!(
+        gather_dequantized(&layout, &table, cache)
+            .unwrap_err()
+            .field,
+        "v_cache"
+    );
+    let combined = Fp8Kv {
+        pages: PagedKv::Combined(&bufs[0]),
+        scales: &scales,
+    };
+    assert_eq!(
+        gather_dequantized(&layout, &table, combined)
+            .unwrap_err()
+            .field,
+        "kv_cache"
+    );
+}
+
+/// Values at and beyond the saturation limit: `max * scale` stores the largest code, anything
+/// larger saturates to it, and both dequantise to `max * scale`.
+#[test]
+fn values_beyond_the_range_saturate() {
+    for format in Fp8Format::ALL {
+        let scale = 0.125f32;
+        let (layout, table, mut bufs) = small(format);
+        let top = format.max_finite() * scale;
+        let mut vals = vec![0.0f32; 5 * 2 * 64];
+        for (i, x) in vals.iter_mut().enumerate() {
+            *x = match i % 4 {
+                0 => top,
+                1 => -top,
+                2 => (top * 4.0).min(60000.0),
+                _ => -60000.0,
+            };
+        }
+        let new = HostTensor::from_f32(DType::F16, &vals);
+        let scales = KvScales::per_tensor(scale, scale);
+        append_paged_kv_fp8(
+            &layout,
+            &table,
+            &[0, 5],
+            (&new, &new),
+            pages_mut(&mut bufs),
+            &scales,
+        )
+        .unwrap();
+        let (k, _) = gather_dequantized(
+            &layout,
+            &table,
+            Fp8Kv {
+                pages: pages(&bufs),
+                scales: &scales,
+            },
+        )
+        .unwrap();
+        for (i, x) in k.to_f32_vec().into_iter().enumerate() {
+            let want = if i % 4 == 0 || i % 4 == 2 { top } else { -top };
+            assert_eq!(x, want, "{format} element {i}");
+        }
+        assert!(bufs[0]
+            .codes
+            .iter()
+            .any(|&c| c == format.max_code() || c == 0x80 | format.max_code()));
+    }
+}
+
+/// The dequantised value rounds once to the problem's dtype after the f32 product: a bf16
+/// problem sees `bf16(code * scale)`, not the product in f32.
+#[test]
+fn dequantisation_rounds_to_the_problem_dtype() {
+    let mut layout = small(Fp8Format::E4m3).0;
+    layout.dtype = DType::Bf16;
+    let table = PageTable::from_kv_lens(&[1], 4, &[0]).unwrap();
+    let format = Fp8Format::E4m3;
+    let mut bufs = nan_buffers(&layout, format);
+    // Code 0x39 is 1.125; times 1.0078125 = 1.1337890625, which bf16 rounds to 1.1328125.
+    for b in &mut bufs {
+        b.codes.iter_mut().for_each(|c| *c = 0x39);
+    }
+    let scales = KvScales::per_tensor(1.0078125, 1.0);
+    let (k, v) = gather_dequantized(
+        &layout,
+        &table,
+        Fp8Kv {
+            pages: pages(&bufs),
+            scales: &scales,
+        },
+    )
+    .unwrap();
+    assert_eq!(k.get_f32(0), 1.1328125);
+    assert_eq!(v.get_f32(0), 1.125);
+}
