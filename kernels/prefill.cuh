@@ -7,7 +7,8 @@
 // The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
 // rows), prefill_kv_pipeline.cuh (the request's bounds as the KV loop reads them, LoopBounds; the
 // Q prescale), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
-// prefill_step.cuh (a sub-tile's logits, mask, online softmax update and P V), prefill_epilogue.cuh
+// prefill_step.cuh (step_subtile: a sub-tile's S = Q K^T, logits, mask, online softmax update and
+// P V), prefill_epilogue.cuh
 // (write_result: normalise and store). The K/V loads are lambdas here, over run_cta's locals. Every
 // tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
 // compile --explain NAME` prints them).
@@ -237,23 +238,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
-  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it; with
-  // policy::Q_DESC_IN_LOOP derived again in each sub-tile (q_base_now) from a fresh read of the thread
-  // index, not held through the loop.
+  // With wgmma: the first Q row of this warp's warpgroup, whose products read from it.
   const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;
-  auto q_base_now = [&]() {
-    return policy::Q_DESC_IN_LOOP ? q_tile.base + warp_uniform(thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES
-                          : q_group_base;
-  };
-  // The rows' coordinates as the sub-tile loop's logits take them (RowCoords or FreshRows).
+  // The rows' coordinates as the sub-tile loop's logits take them (RowCoords, or FreshRows with
+  // policy::LOOP_ROWS_FRESH).
   const FreshRows fresh_rows{tile, warp_rows};
-  auto loop_rows = [&]() -> const auto& {
-    if constexpr (policy::LOOP_ROWS_FRESH) {
-      return fresh_rows;
-    } else {
-      return rows;
-    }
-  };
+  const StepContext<LoopRows> step{p,         tile,          loop_rows(rows, fresh_rows), loop, frag, lane,
+                                   warpgroup, softmax_scale, q_tile.base,                 q_group_base};
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),
@@ -304,77 +295,12 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         await_v();
         if constexpr (SINGLE_BUFFER) load_k(t + 1);
       };
-      if constexpr (policy::F16_WIDEN_FIRST) {
-        // Every warp widens its accumulators (the overflow fallback included), then runs the
-        // f32-QK kernels' step on the floats: one P V after one update, as there.
-        u32_t acc[MMA_Q][KV_NT][2];
-        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
-        float s[MMA_Q][KV_NT][4];
-        widen_f16(frag, k_sub.base, acc, 0, finite, s);
-        float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, frag, v_sub.base,
-                          softmax_scale, softmax, s, o, await_v_free_k);
-      } else if constexpr (policy::F16_WARP_CHOICE) {
-        u32_t acc[MMA_Q][KV_NT][2];
-        const bool finite = qk_f16<false>(frag, q_base_now(), k_sub.base, warpgroup, acc);
-        if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
-                                                                KV_SUB)) {
-          softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, softmax_scale);
-        } else {
-          float s[MMA_Q][KV_NT][4];
-          widen_f16(frag, k_sub.base, acc, 0, finite, s);
-          float_logits_update(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0, lane, softmax_scale,
-                              softmax, s, o);
-          const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
-#pragma unroll
-          for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-            for (int nt = 0; nt < KV_NT; ++nt)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
-        }
-        await_v_free_k();
-        pv<KV_NT>(frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
-      } else if constexpr (spec::QK_F16_ACCUM) {
-        u32_t acc[MMA_Q][KV_NT][2];
-        const bool finite = qk_f16(frag, q_base_now(), k_sub.base, warpgroup, acc);
-        if (!VARIANT_HAS_TRANSFORM && finite &&
-            !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(loop.mask(), loop.tok_lo(), loop.tok_hi(), k0,
-                                                                KV_SUB)) {
-          // The hot path: the softmax takes the accumulators as they are.
-          const F16Logits<MMA_Q, KV_NT> probs{acc};
-          softmax.update(probs, o, softmax_scale);
-          await_v();
-          pv<KV_NT>(frag, v_sub.base, probs, softmax, o);
-        } else {
-#pragma unroll
-          for (int piece = 0; piece < KV_SUB / policy::F16_FLOAT_PIECE; ++piece) {
-            float s[MMA_Q][policy::F16_FLOAT_PIECE / 8][4];
-            widen_f16(frag, k_sub.base, acc, piece, finite, s);
-            float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(),
-                              k0 + piece * policy::F16_FLOAT_PIECE, lane, frag,
-                              v_sub.base + piece * policy::F16_FLOAT_PIECE * VTile::ROW_BYTES, softmax_scale, softmax, s, o,
-                              await_v);
-          }
-        }
-      } else {
-        // Piece by piece (policy::F32_PIECE; one piece of the whole sub-tile unless the logits are heavy).
-        // Not unrolled: unrolled, ptxas overlapped the two pieces and spilled more than with the
-        // whole sub-tile (sm_80 f32-QK window w4q2kv64: 0 -> 80/88 B of spills).
-#pragma unroll 1
-        for (int piece = 0; piece < KV_SUB / policy::F32_PIECE; ++piece) {
-          float s[MMA_Q][policy::F32_PIECE / 8][4];
-          const u32_t k_piece = k_sub.base + piece * policy::F32_PIECE * KTile::ROW_BYTES;
-          const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * VTile::ROW_BYTES;
-          if constexpr (WGMMA) {
-            qk_wgmma(q_group_base, k_piece, s);
-          } else {
-            qk_f32(frag, k_piece, s);
-          }
-          float_logits_step(p, loop_rows(), loop.mask(), tile, loop.tok_lo(), loop.tok_hi(), k0 + piece * policy::F32_PIECE, lane,
-                            frag, v_piece, softmax_scale, softmax, s, o, await_v_free_k);
-        }
-      }
+      // The sub-tile's registers: with f16 QK its packed accumulators, and its logits as floats
+      // (STEP_KEYS keys at a time). Declared here, not in step_subtile: there they moved ptxas's
+      // register choices (the f32-QK wgmma kernels: 8 instructions fewer, a different schedule).
+      u32_t acc[MMA_Q][KV_NT][2];
+      float s[MMA_Q][STEP_KEYS / 8][4];
+      step_subtile(step, k0, k_sub, v_sub, softmax, o, await_v, await_v_free_k, acc, s);
     }
     if constexpr (SINGLE_BUFFER) {
       if (v_pending) {

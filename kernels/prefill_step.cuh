@@ -1,8 +1,9 @@
-// prefill_step.cuh — a sub-tile's step once S = Q K^T is in registers as floats: the logits
-// transform and the masks (applied to S as f32, whatever the accumulation type), the online
-// softmax update, and O += P V. The accumulation variants (f32 QK; f16 QK with its packed hot path
-// and its float path, whole or in pieces) share these pieces in prefill.cuh's main loop.
-// Requires: mask.cuh, variant.cuh, online_softmax.cuh, prefill_tile.cuh, prefill_products.cuh.
+// prefill_step.cuh — a sub-tile's step: step_subtile, S = Q K^T in the kernel's accumulation
+// variant (f32 QK; f16 QK with its packed hot path and its float path, whole or in pieces), then
+// the pieces it shares once S is in registers as floats: the logits transform and the masks
+// (applied to S as f32, whatever the accumulation type), the online softmax update, and O += P V.
+// Requires: mask.cuh, variant.cuh, online_softmax.cuh, prefill_tile.cuh, prefill_products.cuh,
+// prefill_kv_pipeline.cuh.
 
 namespace prefill {
 
@@ -146,6 +147,128 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
   float_logits_update(p, rows, m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
   await_v();
   pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
+}
+
+// The keys of the float logits a step holds at once: the whole sub-tile, or one piece of it.
+constexpr int STEP_KEYS = policy::F16_WIDEN_FIRST || policy::F16_WARP_CHOICE ? KV_SUB
+                          : spec::QK_F16_ACCUM                                 ? policy::F16_FLOAT_PIECE
+                                                                               : policy::F32_PIECE;
+
+// The rows' coordinates as the sub-tile loop's logits take them: RowCoords computed before the
+// loop, or with policy::LOOP_ROWS_FRESH, FreshRows (computed again at each use).
+template <bool FRESH>
+struct LoopRowsOf {
+  using type = RowCoords;
+};
+template <>
+struct LoopRowsOf<true> {
+  using type = FreshRows;
+};
+using LoopRows = typename LoopRowsOf<policy::LOOP_ROWS_FRESH>::type;
+// (A template, so that the branch `if constexpr` discards is not instantiated.)
+template <typename Coords, typename Fresh>
+__device__ __forceinline__ const LoopRows& loop_rows(const Coords& rows, const Fresh& fresh) {
+  if constexpr (policy::LOOP_ROWS_FRESH) {
+    return fresh;
+  } else {
+    return rows;
+  }
+}
+
+// A sub-tile step's context: run_cta's values it reads, by reference.
+template <typename Rows>
+struct StepContext {
+  const PrefillParams& p;
+  const QueryTile& tile;
+  const Rows& rows;
+  const LoopBounds& bounds;
+  const FragAddrs& frag;
+  const int& lane;
+  const int& warpgroup;
+  const float& softmax_scale;  // folded into the softmax's exponent
+  const u32_t& q_tile_base;
+  const u32_t& q_group_base;  // with wgmma: the first Q row of this warp's warpgroup
+
+  // The Q rows the products read from: with policy::Q_DESC_IN_LOOP derived again in each sub-tile
+  // from a fresh read of the thread index, not held through the loop.
+  __device__ __forceinline__ u32_t q_base_now() const {
+    return policy::Q_DESC_IN_LOOP ? q_tile_base + warp_uniform(thread_index() / 128) * WARPGROUP_ROWS * QTile::ROW_BYTES
+                                  : q_group_base;
+  }
+};
+
+// One sub-tile's step (keys k0.., K rows at k_sub, V rows at v_sub) in the kernel's accumulation
+// variant. await_v() waits for V_t before a P V; await_v_free_k() too, and with one K/V buffer
+// lets tile t + 1's K rows out (policy::K_FREE_BEFORE_PV).
+template <typename Rows, typename AwaitV, typename AwaitVFreeK, typename S>
+__device__ __forceinline__ void step_subtile(const StepContext<Rows>& c, int k0, const KTile& k_sub, const VTile& v_sub,
+                                             Softmax& softmax, float (&o)[MMA_Q][VO_NT][4], AwaitV await_v,
+                                             AwaitVFreeK await_v_free_k, u32_t (&acc)[MMA_Q][KV_NT][2],
+                                             S& s) {
+  if constexpr (policy::F16_WIDEN_FIRST) {
+    // Every warp widens its accumulators (the overflow fallback included), then runs the
+    // f32-QK kernels' step on the floats: one P V after one update, as there.
+    const bool finite = qk_f16<false>(c.frag, c.q_base_now(), k_sub.base, c.warpgroup, acc);
+    widen_f16(c.frag, k_sub.base, acc, 0, finite, s);
+    float_logits_step(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(), k0, c.lane, c.frag, v_sub.base,
+                      c.softmax_scale, softmax, s, o, await_v_free_k);
+  } else if constexpr (policy::F16_WARP_CHOICE) {
+    const bool finite = qk_f16<false>(c.frag, c.q_base_now(), k_sub.base, c.warpgroup, acc);
+    if (!VARIANT_HAS_TRANSFORM && finite &&
+        !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(c.bounds.mask(), c.bounds.tok_lo(), c.bounds.tok_hi(), k0,
+                                                            KV_SUB)) {
+      softmax.update(F16Logits<MMA_Q, KV_NT>{acc}, o, c.softmax_scale);
+    } else {
+        widen_f16(c.frag, k_sub.base, acc, 0, finite, s);
+      float_logits_update(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(), k0, c.lane, c.softmax_scale,
+                          softmax, s, o);
+      const F32Logits<MMA_Q, KV_NT, DTypeIn> probs{s};
+#pragma unroll
+      for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+        for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc[mq][nt][h] = probs.p_pair(mq, nt, h);
+    }
+    await_v_free_k();
+    pv<KV_NT>(c.frag, v_sub.base, F16Logits<MMA_Q, KV_NT>{acc}, softmax, o);
+  } else if constexpr (spec::QK_F16_ACCUM) {
+    const bool finite = qk_f16(c.frag, c.q_base_now(), k_sub.base, c.warpgroup, acc);
+    if (!VARIANT_HAS_TRANSFORM && finite &&
+        !tile_needs_mask<spec::MASK_KIND, VARIANT_HAS_MASK>(c.bounds.mask(), c.bounds.tok_lo(), c.bounds.tok_hi(), k0,
+                                                            KV_SUB)) {
+      // The hot path: the softmax takes the accumulators as they are.
+      const F16Logits<MMA_Q, KV_NT> probs{acc};
+      softmax.update(probs, o, c.softmax_scale);
+      await_v();
+      pv<KV_NT>(c.frag, v_sub.base, probs, softmax, o);
+    } else {
+#pragma unroll
+      for (int piece = 0; piece < KV_SUB / policy::F16_FLOAT_PIECE; ++piece) {
+        widen_f16(c.frag, k_sub.base, acc, piece, finite, s);
+        float_logits_step(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(),
+                          k0 + piece * policy::F16_FLOAT_PIECE, c.lane, c.frag,
+                          v_sub.base + piece * policy::F16_FLOAT_PIECE * VTile::ROW_BYTES, c.softmax_scale, softmax, s, o,
+                          await_v);
+      }
+    }
+  } else {
+    // Piece by piece (policy::F32_PIECE; one piece of the whole sub-tile unless the logits are heavy).
+    // Not unrolled: unrolled, ptxas overlapped the two pieces and spilled more than with the
+    // whole sub-tile (sm_80 f32-QK window w4q2kv64: 0 -> 80/88 B of spills).
+#pragma unroll 1
+    for (int piece = 0; piece < KV_SUB / policy::F32_PIECE; ++piece) {
+      const u32_t k_piece = k_sub.base + piece * policy::F32_PIECE * KTile::ROW_BYTES;
+      const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * VTile::ROW_BYTES;
+      if constexpr (WGMMA) {
+        qk_wgmma(c.q_group_base, k_piece, s);
+      } else {
+        qk_f32(c.frag, k_piece, s);
+      }
+      float_logits_step(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(), k0 + piece * policy::F32_PIECE, c.lane,
+                        c.frag, v_piece, c.softmax_scale, softmax, s, o, await_v_free_k);
+    }
+  }
 }
 
 }  // namespace prefill
