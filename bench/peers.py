@@ -621,11 +621,13 @@ def dry_run(suite, shapes, impls):
 
 
 def self_test():
-    """The timing's and the fp8 quantisation's self-tests (no torch needed), then, where torch
-    imports, the reference's and the page gather's (peers_check). True when everything that ran
-    passed."""
+    """The timing's, the fp8 quantisation's and the FlashInfer paged calls' self-tests (no torch
+    needed), then, where torch imports, the reference's and the page gather's (peers_check). True
+    when everything that ran passed."""
     ok = peers_timing.self_test()
     ok = peers_fp8.self_test() and ok
+    from peers_selftest import self_test as wiring_self_test  # noqa: PLC0415 (imports this)
+    ok = wiring_self_test() and ok
     try:
         import torch  # noqa: PLC0415
     except ImportError:
