@@ -46,13 +46,15 @@ Usage:
   python3 bench/peers.py shapes-prefill.json --out peers-prefill.jsonl
   python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
 Also: --dry-run (print the plan, no GPU, no torch), --self-test (the timing rules and the timer
-on a stand-in of torch.cuda, and the fp8 quantisation on a stand-in tensor, on any machine; with
-torch, also the reference and the page gather of the paged suite, fp8 included, on the CPU),
---impls and --filter (narrow a run), --method back-to-back.
+on a stand-in of torch.cuda, the fp8 quantisation on a stand-in tensor and the paged wrappers'
+arguments on a stand-in of FlashInfer, on any machine; with torch, also the reference and the
+page gather of the paged suite, fp8 included, on the CPU), --impls and --filter (narrow a run),
+--method back-to-back.
 
 The shapes are read by bench/peers_shapes.py; the page table check, the float64 reference, the
 page gather, the output check (with TOLERANCE) and their self-test are in bench/peers_check.py;
-the fp8 cache in bench/peers_fp8.py; the timing in bench/peers_timing.py.
+the fp8 cache in bench/peers_fp8.py; the timing in bench/peers_timing.py; the stand-in test of
+the paged wrappers' calls in bench/peers_selftest.py.
 """
 
 import argparse
