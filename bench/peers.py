@@ -8,8 +8,10 @@ times, the same way. Two suites:
            torch SDPA (flash and cuDNN backends), on contiguous K/V.
   paged    FlashInfer 0.5.3 over a paged KV cache (NHD, separate K and V pages): batch decode with
            BatchDecodeWithPagedKVCacheWrapper (CUDA cores, and tensor cores), batch paged prefill
-           with BatchPrefillWithPagedKVCacheWrapper (FA2). torch SDPA has no paged KV cache and
-           is left out of this suite.
+           with BatchPrefillWithPagedKVCacheWrapper (FA2). A shape with a `kv_dtype` has an fp8
+           cache (bench/peers_fp8.py: per-tensor scales, f16 queries), given to FlashInfer as
+           kv_data_type and k_scale/v_scale. torch SDPA has no paged KV cache and is left out of
+           this suite.
 
 Input: the RESOLVED shape list printed by `attnforge bench [--suite paged] --print-shapes` (a JSON
 list of shape objects with `flops` and `bytes` added; paged shapes also carry the page table).
@@ -32,7 +34,8 @@ Method, per (shape, impl):
      JIT folder; a configuration that fails to compile is not retried for its other shapes.
   3. The output of one call is checked against a float64 reference on a few rows of a few
      requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time. For
-     paged shapes the reference reads K/V gathered from the pages through the page table.
+     paged shapes the reference reads K/V gathered from the pages through the page table, over
+     an fp8 cache the dequantised K/V (codes * scale).
   4. Timing (bench/peers_timing.py): replays of a CUDA graph of N calls, N so that a replay
      lasts a few milliseconds, the median replay over N; back to back where a call cannot be
      captured (the line's `method` says which); and the host time of one call in its own field.
@@ -43,12 +46,15 @@ Usage:
   python3 bench/peers.py shapes-prefill.json --out peers-prefill.jsonl
   python3 bench/peers.py shapes-paged.json --suite paged --out peers-paged.jsonl
 Also: --dry-run (print the plan, no GPU, no torch), --self-test (the timing rules and the timer
-on a stand-in of torch.cuda, on any machine; with torch, also the reference and the page gather
-of the paged suite on the CPU), --impls and --filter (narrow a run), --method back-to-back.
+on a stand-in of torch.cuda, the fp8 quantisation on a stand-in tensor and the paged wrappers'
+arguments on a stand-in of FlashInfer, on any machine; with torch, also the reference and the
+page gather of the paged suite, fp8 included, on the CPU), --impls and --filter (narrow a run),
+--method back-to-back.
 
 The shapes are read by bench/peers_shapes.py; the page table check, the float64 reference, the
 page gather, the output check (with TOLERANCE) and their self-test are in bench/peers_check.py;
-the timing in bench/peers_timing.py.
+the fp8 cache in bench/peers_fp8.py; the timing in bench/peers_timing.py; the stand-in test of
+the paged wrappers' calls in bench/peers_selftest.py.
 """
 
 import argparse
@@ -61,6 +67,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import peers_fp8
 import peers_timing
 from peers_check import check_output
 from peers_shapes import SUITE_PAGED, SUITE_PREFILL, PagedShape, Shape, load_shapes
@@ -147,9 +154,10 @@ def flashinfer_config(shape, backend="fa2"):
     """What selects one FlashInfer JIT module: sequence lengths, head counts and the mask do not.
     "batch" with fa2 is get_batch_prefill_module("fa2", ...): the ragged and the paged prefill
     wrappers and the tensor-core decode wrapper all load that one module (flashinfer/prefill.py,
-    decode.py)."""
-    return (backend, "single" if shape.single else "batch", shape.dtype, shape.d_qk, shape.d_vo,
-            shape.soft_cap is not None, shape.qk_accum)
+    decode.py); the K/V dtype (an fp8 cache's) is part of it."""
+    return (backend, "single" if shape.single else "batch", shape.dtype,
+            shape.kv_dtype or shape.dtype, shape.d_qk, shape.d_vo, shape.soft_cap is not None,
+            shape.qk_accum)
 
 
 class FlashInferLib:
@@ -289,7 +297,10 @@ class Fa3:
 
 class FlashInferPaged:
     """FlashInfer over the paged cache: the decode wrapper without or with tensor cores (decode
-    shapes), or the FA2 paged prefill wrapper (the other paged shapes). plan() is untimed."""
+    shapes), or the FA2 paged prefill wrapper (the other paged shapes). plan() is untimed. Over
+    an fp8 cache, plan() gets kv_data_type and run() the per-tensor k_scale and v_scale: in
+    FlashInfer 0.5.3 k_scale is folded into sm_scale and the output multiplied by v_scale in a
+    second kernel after the attention kernel (decode.py, prefill.py), timed with it."""
 
     def __init__(self, lib, name):
         self.lib = lib
@@ -312,11 +323,12 @@ class FlashInferPaged:
 
     def config_key(self, shape):
         if self.decode and not self.tensor_cores:
-            return ("fa2", "decode", shape.dtype, shape.d_qk, shape.soft_cap is not None)
+            return ("fa2", "decode", shape.dtype, shape.kv_dtype or shape.dtype, shape.d_qk,
+                    shape.soft_cap is not None)
         return flashinfer_config(shape)  # the fa2 batch prefill module (tensor-core decode too)
 
     def setup(self, shape, inputs, copy_count):
-        fi, dtype = self.lib.module, inputs["dtype"]
+        fi, dtype, kv_dtype = self.lib.module, inputs["dtype"], inputs["kv_dtype"]
         qs, ks, vs = inputs["q"], inputs["k"], inputs["v"]
         table = (inputs["kv_page_indptr"], inputs["kv_page_indices"], inputs["kv_last_page_len"])
         if self.decode:
@@ -324,7 +336,7 @@ class FlashInferPaged:
                 self.lib.workspace(), "NHD", use_tensor_cores=self.tensor_cores)
             wrapper.plan(*table, shape.hq, shape.hkv, shape.d_qk, shape.page_size,
                          pos_encoding_mode="NONE", logits_soft_cap=shape.soft_cap,
-                         q_data_type=dtype, kv_data_type=dtype, sm_scale=shape.sm_scale)
+                         q_data_type=dtype, kv_data_type=kv_dtype, sm_scale=shape.sm_scale)
             note = f"BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores={self.tensor_cores})"
         else:
             wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(self.lib.workspace(), "NHD",
@@ -333,12 +345,20 @@ class FlashInferPaged:
                          shape.page_size, head_dim_vo=shape.d_vo, causal=shape.causal,
                          use_fp16_qk_reduction=shape.qk_accum == "f16",
                          logits_soft_cap=shape.soft_cap, sm_scale=shape.sm_scale,
-                         q_data_type=dtype, kv_data_type=dtype)
+                         q_data_type=dtype, kv_data_type=kv_dtype)
             note = "BatchPrefillWithPagedKVCacheWrapper(backend=fa2)"
+        note += f", NHD pages of {shape.page_size} (plan untimed)"
+        if shape.kv_dtype is None:
+            def run(i):
+                return wrapper.run(qs[i], (ks[i], vs[i]))
+            return run, (lambda o: o), note
+        k_scales, v_scales = inputs["k_scale"], inputs["v_scale"]
 
-        def run(i):
-            return wrapper.run(qs[i], (ks[i], vs[i]))
-        return run, (lambda o: o), f"{note}, NHD pages of {shape.page_size} (plan untimed)"
+        def run_fp8(i):
+            return wrapper.run(qs[i], (ks[i], vs[i]), k_scale=k_scales[i], v_scale=v_scales[i])
+        return run_fp8, (lambda o: o), \
+            f"{note}; {kv_dtype} cache, per-tensor k_scale and v_scale (the output's v_scale " \
+            "multiply is a second kernel, timed)"
 
 
 class TorchSdpa:
@@ -427,7 +447,9 @@ class TorchSdpa:
 
 def make_inputs(torch, shape, copy_count, device="cuda"):
     """copy_count random-normal copies of q, K and V (paged shapes: of q, k_cache and v_cache,
-    every page filled, used or not), and the shape's index arrays as int32 tensors."""
+    every page filled, used or not), and the shape's index arrays as int32 tensors. An fp8 cache
+    (kv_dtype) is quantised from random-normal values of dtype, one scale per tensor and copy
+    (k_scale and v_scale: lists of floats, one per copy)."""
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
     gen = torch.Generator(device=device)
     gen.manual_seed(SEED)
@@ -436,11 +458,18 @@ def make_inputs(torch, shape, copy_count, device="cuda"):
     def randn(*size):
         return torch.randn(*size, dtype=dtype, device=device, generator=gen)
 
-    inputs = {"dtype": dtype, "q": [], "k": [], "v": []}
+    inputs = {"dtype": dtype, "kv_dtype": dtype, "q": [], "k": [], "v": []}
+    if shape.kv_dtype is not None:
+        inputs.update(kv_dtype=getattr(torch, peers_fp8.fp8_format(shape.kv_dtype).torch_name),
+                      k_scale=[], v_scale=[])
     for _ in range(copy_count):
         inputs["q"].append(randn(sum(shape.qo_lens), shape.hq, shape.d_qk))
-        inputs["k"].append(randn(*k_size))
-        inputs["v"].append(randn(*v_size))
+        for name, size in (("k", k_size), ("v", v_size)):
+            values = randn(*size)
+            if shape.kv_dtype is not None:
+                values, scale = peers_fp8.quantise(torch, values, shape.kv_dtype)
+                inputs[f"{name}_scale"].append(scale)
+            inputs[name].append(values)
     for name, values in shape.index_arrays().items():
         inputs[name] = torch.tensor(values, dtype=torch.int32, device=device)
     return inputs
@@ -473,7 +502,9 @@ def measure(torch, timer, impl, shape, inputs, copy_count, jit_note):
         note += f"; {jit_note}"
     out = to_nhd(run(0))
     torch.cuda.synchronize()
-    rel, problem = check_output(torch, shape, inputs["q"][0], inputs["k"][0], inputs["v"][0], out)
+    scales = (inputs["k_scale"][0], inputs["v_scale"][0]) if shape.kv_dtype else None
+    rel, problem = check_output(torch, shape, inputs["q"][0], inputs["k"][0], inputs["v"][0], out,
+                                scales)
     del out
     if problem:
         return result_line(shape, impl.name, f"wrong: {problem}", note=note, rel_err=rel)
@@ -576,7 +607,7 @@ def dry_run(suite, shapes, impls):
         extra = ""
         if suite == SUITE_PAGED:
             extra = (f" {'decode' if s.decode else 'paged-prefill'} page_size={s.page_size} "
-                     f"pages={len(s.kv_page_indices)}/{s.num_pages}")
+                     f"pages={len(s.kv_page_indices)}/{s.num_pages} kv={s.kv_dtype or s.dtype}")
         print(f"  {s.name}: requests={len(s.qo_lens)}{extra} flops={s.flops:.3e} "
               f"bytes={s.bytes:.3e} copies={copies_for(s, L2_BYTES_FALLBACK)} "
               f"impls={','.join(here) or '-'}")
@@ -592,9 +623,13 @@ def dry_run(suite, shapes, impls):
 
 
 def self_test():
-    """The timing's self-test (no torch needed), then, where torch imports, the reference's and
-    the page gather's (peers_check). True when everything that ran passed."""
+    """The timing's, the fp8 quantisation's and the FlashInfer paged calls' self-tests (no torch
+    needed), then, where torch imports, the reference's and the page gather's (peers_check). True
+    when everything that ran passed."""
     ok = peers_timing.self_test()
+    ok = peers_fp8.self_test() and ok
+    from peers_selftest import self_test as wiring_self_test  # noqa: PLC0415 (imports this)
+    ok = wiring_self_test() and ok
     try:
         import torch  # noqa: PLC0415
     except ImportError:
@@ -625,8 +660,9 @@ def main():
                     help=f"FlashInfer configurations compiled at once (default {JIT_WORKERS})")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; no GPU, no torch")
     ap.add_argument("--self-test", action="store_true",
-                    help="check the timing on a stand-in of torch.cuda; with torch, also the "
-                         "reference and the page gather on the CPU (both suites)")
+                    help="check the timing on a stand-in of torch.cuda and the fp8 quantisation "
+                         "on a stand-in tensor; with torch, also the reference and the page "
+                         "gather on the CPU (both suites, fp8 caches included)")
     args = ap.parse_args()
 
     if args.self_test:

@@ -1,11 +1,14 @@
 """The checks of bench/peers.py: the page table of a paged shape, the float64 reference, the
-page gather, the check of a peer's output against the reference, and the CPU self-test of them
-all (`python3 bench/peers.py --self-test`). peers.py imports this module; this module imports
-neither peers.py nor torch (torch is passed in, and so are the shape classes the self-test
-builds), so `peers.py --dry-run` still runs without torch.
+page gather, the check of a peer's output against the reference (over an fp8 cache: against the
+reference on the dequantised cache), and the CPU self-test of them all (`python3 bench/peers.py
+--self-test`). peers.py imports this module; this module imports neither peers.py nor torch
+(torch is passed in, and so are the shape classes the self-test builds), so `peers.py --dry-run`
+still runs without torch.
 """
 
 import math
+
+from peers_fp8 import dequantise, quantise
 
 CHECK_REQUESTS = 3  # first, middle and last request of a batch
 TOLERANCE = {"f16": 1e-2, "bf16": 3e-2}  # relative L2 error of o on the checked rows
@@ -73,15 +76,20 @@ def reference_rows(torch, q, k, v, rows, shape):
 def gather_pages(torch, cache, page_ids, kv_len):
     """The first kv_len tokens held by the pages page_ids of a paged cache ([num_pages,
     page_size, heads, d]), in order: [kv_len, heads, d]. Token j is at page page_ids[j //
-    page_size], slot j % page_size."""
+    page_size], slot j % page_size. An fp8 cache is gathered as bytes (torch's index_select
+    need not take fp8 dtypes) and given back in its dtype."""
+    if cache.is_floating_point() and cache.element_size() == 1:
+        return gather_pages(torch, cache.view(torch.uint8), page_ids, kv_len).view(cache.dtype)
     pages = torch.tensor(page_ids, dtype=torch.long, device=cache.device)
     return cache.index_select(0, pages).reshape(-1, *cache.shape[2:])[:kv_len]
 
 
-def check_output(torch, shape, q, k, v, out):
+def check_output(torch, shape, q, k, v, out, kv_scales=None):
     """(rel_err, None) when `out` ([total_qo, hq, d_vo]) matches the reference on the checked rows,
     (rel_err, reason) otherwise. k and v are the batch's K and V as the peer read them
-    (contiguous, or the page caches of a paged shape: shape.request_kv finds each request's)."""
+    (contiguous, or the page caches of a paged shape: shape.request_kv finds each request's).
+    kv_scales: (k_scale, v_scale) when k and v are fp8 codes; the reference then reads
+    codes * scale."""
     reqs = shape.requests()
     picks = sorted({0, len(reqs) // 2, len(reqs) - 1})[:CHECK_REQUESTS]
     got_all, ref_all = [], []
@@ -89,6 +97,8 @@ def check_output(torch, shape, q, k, v, out):
         qs, ql, _, _ = reqs[r]
         rows = sorted({0, ql // 3, (2 * ql) // 3, ql - 1})
         kr, vr = shape.request_kv(k, v, r)
+        if kv_scales is not None:
+            kr, vr = dequantise(torch, kr, kv_scales[0]), dequantise(torch, vr, kv_scales[1])
         ref = reference_rows(torch, q[qs:qs + ql], kr, vr, rows, shape)
         idx = torch.tensor([qs + x for x in rows], device=out.device, dtype=torch.long)
         got_all.append(out.index_select(0, idx).double())
@@ -217,6 +227,55 @@ def self_test_paged_case(torch, paged_cls, label, qls, causal, hq, hkv, d):
     return ok
 
 
+def self_test_paged_fp8(torch, paged_cls):
+    """A decode batch over an e4m3 cache (SELF_TEST_TABLE), quantised by peers_fp8.quantise: the
+    gather must give back the codes written at each token's page and slot; outputs computed on
+    the dequantised K/V must pass the check; outputs computed on the K/V before quantisation
+    (about 3% away), and the check of the right outputs without the scales, must fail."""
+    table, hq, hkv, d = SELF_TEST_TABLE, 8, 2, 64
+    shape = paged_cls({"name": "fp8", "qo_lens": [1, 1, 1], "kv_lens": SELF_TEST_KV_LENS,
+                       "num_qo_heads": hq, "num_kv_heads": hkv, "head_dim": d,
+                       "causal": False, "dtype": "f16", "soft_cap": None, "qk_accum": "f32",
+                       "flops": 1, "bytes": 1, "kv_dtype": "e4m3", **table})
+    ps, group = shape.page_size, hq // hkv
+    size = (shape.num_pages, ps, hkv, d)
+    k_f16, v_f16 = torch.randn(*size, dtype=torch.float16), torch.randn(*size, dtype=torch.float16)
+    (k_codes, k_scale), (v_codes, v_scale) = quantise(torch, k_f16, "e4m3"), \
+        quantise(torch, v_f16, "e4m3")
+    k_deq, v_deq = dequantise(torch, k_codes, k_scale), dequantise(torch, v_codes, v_scale)
+    q = torch.randn(len(SELF_TEST_KV_LENS), hq, d, dtype=torch.float16)
+
+    def by_hand(cache, r):
+        """Request r's tokens of a cache, token by token by the contract's formula."""
+        ids = table["kv_page_indices"][table["kv_page_indptr"][r]:table["kv_page_indptr"][r + 1]]
+        return torch.stack([cache[ids[j // ps], j % ps] for j in range(SELF_TEST_KV_LENS[r])])
+
+    gather_ok = all(
+        torch.equal(dequantise(torch, gk, k_scale), by_hand(k_deq, r))
+        and torch.equal(dequantise(torch, gv, v_scale), by_hand(v_deq, r))
+        and gk.dtype == k_codes.dtype
+        for r, (gk, gv) in enumerate(shape.request_kv(k_codes, v_codes, r)
+                                     for r in range(len(SELF_TEST_KV_LENS))))
+
+    def outputs(k_cache, v_cache):
+        return torch.cat([sdpa_f64(torch, q[r:r + 1], by_hand(k_cache, r), by_hand(v_cache, r),
+                                   False, group) for r in range(len(SELF_TEST_KV_LENS))])
+
+    scales = (k_scale, v_scale)
+    out = outputs(k_deq, v_deq).to(torch.float16)
+    rel, problem = check_output(torch, shape, q, k_codes, v_codes, out, scales)
+    before = outputs(k_f16.double(), v_f16.double()).to(torch.float16)
+    rel_before, caught_before = check_output(torch, shape, q, k_codes, v_codes, before, scales)
+    _, caught_unscaled = check_output(torch, shape, q, k_codes, v_codes, out)
+    ok = gather_ok and problem is None and rel < 1e-3 and caught_before is not None \
+        and caught_unscaled is not None
+    print(f"self-test paged fp8 e4m3 hq={hq} hkv={hkv} d={d}: gather "
+          f"{'exact' if gather_ok else 'DIFFERS'}, rel={rel}, before quantisation->"
+          f"{rel_before} {'caught' if caught_before else 'NOT CAUGHT'}, without scales->"
+          f"{'caught' if caught_unscaled else 'NOT CAUGHT'} {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
 def self_test_paged(torch, paged_cls):
     """Paged batches (self_test_paged_case), bad page tables refused, and JIT probes that are
     valid paged shapes of the same kind, on shapes of paged_cls (peers_shapes.PagedShape). Returns
@@ -225,6 +284,7 @@ def self_test_paged(torch, paged_cls):
         ("prefill causal", [3, 1, 6], True, 4, 2, 16),
         ("prefill non-causal", [2, 4, 6], False, 4, 4, 32),
         ("decode", [1, 1, 1], False, 8, 2, 16)]]
+    results.append(self_test_paged_fp8(torch, paged_cls))
     base = {"name": "bad", "qo_lens": [1, 1, 1], "kv_lens": SELF_TEST_KV_LENS,
             "num_qo_heads": 2, "num_kv_heads": 1, "head_dim": 16, "causal": False,
             "dtype": "bf16", "soft_cap": None, "qk_accum": "f32", "flops": 1, "bytes": 1,
@@ -232,7 +292,8 @@ def self_test_paged(torch, paged_cls):
     bad_tables = {"last page too short": {"kv_last_page_len": [2, 4, 2]},
                   "page id outside": {"kv_page_indices": [7, 2, 10, 0, 5, 3]},
                   "page_size not a power of two": {"page_size": 3},
-                  "indptr too short": {"kv_page_indptr": [0, 3, 6]}}
+                  "indptr too short": {"kv_page_indptr": [0, 3, 6]},
+                  "kv_dtype not an fp8 format": {"kv_dtype": "e3m4"}}
     for label, change in bad_tables.items():
         try:
             paged_cls({**base, **change})
@@ -243,15 +304,17 @@ def self_test_paged(torch, paged_cls):
         print(f"self-test paged table refused ({label}): {why!r} "
               f"{'PASS' if why is not None else 'FAIL'}")
     probes_ok = True
-    for ps in (1, 16):
+    for ps, kv_dtype in ((1, None), (16, None), (16, "e4m3")):
         for qls, causal in (([1, 1, 1], False), ([3, 1, 6], True)):
             obj = {**base, "qo_lens": qls, "causal": causal, "page_size": ps,
                    "kv_lens": [(pages - 1) * ps + 1 for pages in (3, 1, 2)],
-                   "kv_last_page_len": [1, 1, 1]}
-            shape = paged_cls(obj)
-            probes_ok = probes_ok and shape.probe().decode == shape.decode
+                   "kv_last_page_len": [1, 1, 1], "kv_dtype": kv_dtype}
+            shape, probe = paged_cls(obj), paged_cls(obj).probe()
+            probes_ok = probes_ok and probe.decode == shape.decode \
+                and probe.kv_dtype == shape.kv_dtype
     results.append(probes_ok)
-    print(f"self-test paged probes valid and of the same kind: {'PASS' if probes_ok else 'FAIL'}")
+    print(f"self-test paged probes valid, of the same kind and cache dtype: "
+          f"{'PASS' if probes_ok else 'FAIL'}")
     return results
 
 

@@ -1,14 +1,15 @@
 """The shapes bench/peers.py runs: a resolved prefill shape (one request, or a ragged batch of
 them over contiguous K/V) and a resolved paged shape (a batch over a paged KV cache with its page
-table), read from the JSON list `attnforge bench [--suite paged] --print-shapes` writes (fields:
-docs/benchmarking.md, "The data contract"), with the tiny shape of the same FlashInfer
-configuration that triggers its JIT build.
+table; the cache holds `dtype`, or the fp8 format its `kv_dtype` names), read from the JSON list
+`attnforge bench [--suite paged] --print-shapes` writes (fields: docs/benchmarking.md, "The data
+contract"), with the tiny shape of the same FlashInfer configuration that triggers its JIT build.
 """
 
 import json
 import math
 
 from peers_check import TOLERANCE, check_page_table, gather_pages
+from peers_fp8 import fp8_format
 
 SUITE_PREFILL = "prefill"
 SUITE_PAGED = "paged"
@@ -70,6 +71,14 @@ class Shape:
         self.qk_accum = obj["qk_accum"]
         if self.qk_accum not in ("f32", "f16"):
             raise ValueError(f"shape {self.name!r}: qk_accum {self.qk_accum!r} is not f32 or f16")
+        self.kv_dtype = obj.get("kv_dtype")
+        if self.kv_dtype is not None:
+            if obj.get("page_size") is None:
+                raise ValueError(f"shape {self.name!r}: kv_dtype is for paged shapes only")
+            try:
+                fp8_format(self.kv_dtype)
+            except ValueError as exc:
+                raise ValueError(f"shape {self.name!r}: {exc}") from None
         self.flops = float(obj["flops"])
         self.bytes = float(obj["bytes"])
         self.sm_scale = 1.0 / math.sqrt(self.d_qk)
@@ -101,10 +110,11 @@ class Shape:
         return k[ks:ks + kl], v[ks:ks + kl]
 
     def input_bytes(self):
-        """Bytes of one copy of the inputs (q, K, V or the K/V caches) as allocated."""
-        elements = sum(self.qo_lens) * self.hq * self.d_qk
-        elements += sum(math.prod(size) for size in self.kv_sizes())
-        return DTYPE_BYTES[self.dtype] * elements
+        """Bytes of one copy of the inputs (q, K, V or the K/V caches) as allocated; an fp8
+        cache has one byte an element."""
+        q_bytes = DTYPE_BYTES[self.dtype] * sum(self.qo_lens) * self.hq * self.d_qk
+        kv_element = 1 if self.kv_dtype else DTYPE_BYTES[self.dtype]
+        return q_bytes + kv_element * sum(math.prod(size) for size in self.kv_sizes())
 
     def probe(self):
         """A tiny shape of the same FlashInfer configuration, used to trigger its JIT build."""
@@ -173,7 +183,8 @@ class PagedShape(Shape):
                "num_qo_heads": self.hq, "num_kv_heads": self.hkv,
                "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
                "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
-               "flops": 0, "bytes": 0, "page_size": ps, "num_pages": sum(pages),
+               "flops": 0, "bytes": 0, "page_size": ps, "kv_dtype": self.kv_dtype,
+               "num_pages": sum(pages),
                "kv_page_indptr": prefix_sums(pages),
                "kv_page_indices": list(reversed(range(sum(pages)))),
                "kv_last_page_len": [1] * len(pages)}
