@@ -7,9 +7,9 @@
 //! output is that of the plain kernels over the dequantised cache.
 
 use super::append::DevicePagedKvMut;
-use super::buffers::DeviceTensor;
+use super::buffers::{DeviceBytes, DeviceTensor};
 use super::engine::Engine;
-use super::error::{CudaError, DriverContext};
+use super::error::CudaError;
 use super::memory;
 use super::paged::{replay_in_graph, DevicePagedKv, PagedPlan, PagedRunMode};
 use super::plan::{PlanOptions, ScaleAddress};
@@ -18,7 +18,6 @@ use crate::paged::{Fp8Kv, KvScales, PagedAttention, PagedKv, PagedKvLayout};
 use crate::tensor::HostTensor;
 use crate::{AttentionOutput, Error};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 /// A flat device buffer of fp8 codes of one format, owned or borrowed (another framework's
@@ -26,23 +25,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct DeviceFp8Tensor {
     /// At least one byte (the driver allocates nothing of size 0); `len` are the tensor's.
-    bytes: ManuallyDrop<CudaSlice<u8>>,
+    bytes: DeviceBytes,
     len: usize,
     format: Fp8Format,
-    /// Whether the memory is the caller's: then it is not freed on drop.
-    borrowed: bool,
-}
-
-impl Drop for DeviceFp8Tensor {
-    fn drop(&mut self) {
-        // SAFETY: `bytes` is taken exactly once, here, and never used again.
-        let bytes = unsafe { ManuallyDrop::take(&mut self.bytes) };
-        if self.borrowed {
-            bytes.leak();
-        } else {
-            drop(bytes);
-        }
-    }
 }
 
 impl DeviceFp8Tensor {
@@ -59,21 +44,9 @@ impl DeviceFp8Tensor {
         format: Fp8Format,
         len: usize,
     ) -> Result<DeviceFp8Tensor, CudaError> {
-        if address % 16 != 0 {
-            return Err(CudaError::Buffer {
-                name: "from_raw",
-                reason: format!("address {address:#x} is not 16-byte aligned"),
-            });
-        }
-        // SAFETY: the caller vouches for the allocation (see above); the slice is leaked on drop
-        // (`borrowed`), so cudarc never frees it.
-        let bytes = unsafe { stream.upgrade_device_ptr::<u8>(address, len.max(1)) };
-        Ok(DeviceFp8Tensor {
-            bytes: ManuallyDrop::new(bytes),
-            len,
-            format,
-            borrowed: true,
-        })
+        // SAFETY: forwarded to the caller (see above).
+        let bytes = unsafe { DeviceBytes::borrowed(stream, address, len.max(1))? };
+        Ok(DeviceFp8Tensor { bytes, len, format })
     }
 
     /// Copies host codes to the device (on `stream`).
@@ -84,10 +57,9 @@ impl DeviceFp8Tensor {
         let what = format!("a {}-element {} tensor", host.len(), host.format);
         let data: &[u8] = if host.is_empty() { &[0] } else { &host.codes };
         Ok(DeviceFp8Tensor {
-            bytes: ManuallyDrop::new(memory::upload(stream, data, &what)?),
+            bytes: DeviceBytes::owned(memory::upload(stream, data, &what)?),
             len: host.len(),
             format: host.format,
-            borrowed: false,
         })
     }
 
@@ -115,20 +87,14 @@ impl DeviceFp8Tensor {
                 ),
             });
         }
-        if self.len > 0 {
-            let mut view = self.bytes.slice_mut(0..self.len);
-            stream.memcpy_htod(&host.codes, &mut view).during("write")?;
-        }
-        Ok(())
+        self.bytes.write(stream, &host.codes)
     }
 
     /// Copies back to the host (synchronises `stream`).
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Fp8Tensor, CudaError> {
-        let mut codes = stream.clone_dtoh(&*self.bytes).during("download")?;
-        codes.truncate(self.len);
         Ok(Fp8Tensor {
             format: self.format,
-            codes,
+            codes: self.bytes.read(stream, self.len)?,
         })
     }
 
@@ -148,7 +114,7 @@ impl DeviceFp8Tensor {
     }
 
     pub(crate) fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
-        self.bytes.device_ptr(stream).0
+        self.bytes.device_address(stream)
     }
 }
 
