@@ -9,6 +9,10 @@
 //! write new K/V contents and new queries into the same buffers and rewrite the page ids with
 //! [`PagedPlan::update_page_indices`] (same pages per request, checked against the cache).
 //! Different lengths need a new plan (and a new capture).
+//!
+//! Caches of the layout's dtype and of fp8 codes (`super::fp8`) share one run, one append and one
+//! run on host tensors, written once over [`CacheBuffer`], the trait that holds what differs
+//! between the two kinds of buffer (element check and size, scales, host copies).
 
 use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
