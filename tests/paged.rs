@@ -1,31 +1,31 @@
 //! The paged KV cache (host side): paged attention equals ragged attention on the gathered K/V and
 //! the reference on independently built contiguous tensors, for shuffled page tables, page sizes
-//! 1, 16, 64, random powers of two and other sizes (5, 12, any up to the maximum), NHD and HND, separate and combined K/V; append then gather
-//! equals the old tokens followed by the new ones; every validation path names its field; random
-//! garbage tables are errors, never panics.
+//! 1, 16, 64, random powers of two and other sizes (5, 12, any up to the maximum), NHD and HND,
+//! separate and combined K/V; append then gather equals the old tokens followed by the new ones;
+//! every validation path names its field; random garbage tables are errors, never panics.
 
-use attnforge::compare::{compare, Tolerance};
 use attnforge::cpu;
 use attnforge::dtype::DType;
 use attnforge::paged::{
-    append_paged_kv, gather, gather_dequantized, KvOrder, KvStorage, PageTable, PagedAttention,
-    PagedCache, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE,
+    append_paged_kv, gather, KvOrder, KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout,
+    MAX_PAGE_SIZE,
 };
 use attnforge::problem::{AttentionProblem, HeadDims, InvalidProblem, Variant};
 use attnforge::reference;
 use attnforge::tensor::HostTensor;
 use attnforge::testing::grid::VariantSpec;
-use attnforge::testing::random_inputs;
 use attnforge::testing::rng::SplitMix64;
 use proptest::prelude::*;
-use support::{point_spec, Axes, PointSpec};
+use support::paged::{
+    cache_mut, cache_ref, check_cache, gather_cache, page_spec, paged_setup, storage_buffers,
+    PageSpec,
+};
+use support::Axes;
 
 mod support;
 
 /// Proptest cases per property (each runs the f64 reference on a small batch).
 const PROPTEST_CASES: u32 = 128;
-/// Pages in the cache beyond those the table uses (never referenced; poisoned with NaN).
-const SPARE_PAGES: usize = 3;
 
 /// The address of (page, slot, head, e) written out from `docs/semantics.md`, independently of
 /// `PagedKvLayout::k_index` / `v_index`.
@@ -53,13 +53,7 @@ fn doc_index(l: &PagedKvLayout, is_k: bool, page: usize, slot: usize, h: usize, 
 /// Returns one buffer per storage half (one for combined storage).
 fn scatter(l: &PagedKvLayout, table: &PageTable, k: &[f32], v: &[f32]) -> Vec<Vec<f32>> {
     let (hk, dqk, dvo) = (l.num_kv_heads, l.head_dims.qk(), l.head_dims.vo());
-    let mut bufs = match l.storage {
-        KvStorage::Separate => vec![
-            vec![f32::NAN; l.k_buffer_len()],
-            vec![f32::NAN; l.v_buffer_len()],
-        ],
-        KvStorage::Combined => vec![vec![f32::NAN; l.k_buffer_len()]],
-    };
+    let mut bufs = storage_buffers(l, |n| vec![f32::NAN; n]);
     let v_buf = bufs.len() - 1;
     let mut token = 0;
     for r in 0..table.batch_size() {
@@ -88,50 +82,8 @@ fn tensors(dtype: DType, bufs: &[Vec<f32>]) -> Vec<HostTensor> {
         .collect()
 }
 
-fn cache_ref(bufs: &[HostTensor]) -> PagedKv<'_> {
-    match bufs {
-        [kv] => PagedKv::Combined(kv),
-        [k, v] => PagedKv::Separate { k, v },
-        _ => panic!("one or two buffers"),
-    }
-}
-
-fn cache_mut(bufs: &mut [HostTensor]) -> PagedKvMut<'_> {
-    match bufs {
-        [kv] => PagedKvMut::Combined(kv),
-        [k, v] => PagedKvMut::Separate { k, v },
-        _ => panic!("one or two buffers"),
-    }
-}
-
-/// Page ids `0..n` in a random order.
-fn shuffled_pages(n: usize, rng: &mut SplitMix64) -> Vec<i32> {
-    let mut ids: Vec<i32> = (0..n as i32).collect();
-    for i in (1..n).rev() {
-        ids.swap(i, rng.range_usize(0, i));
-    }
-    ids
-}
-
-/// `shape` with `num_pages` set to what `kv_lens` need plus spare pages, and a shuffled table.
-fn paged_setup(kv_lens: &[usize], shape: PagedKvLayout, seed: u64) -> (PagedKvLayout, PageTable) {
-    let used: usize = kv_lens.iter().map(|n| n.div_ceil(shape.page_size)).sum();
-    let num_pages = used + SPARE_PAGES;
-    let ids = shuffled_pages(num_pages, &mut SplitMix64::with_salt(seed, 0x9a6e));
-    let table = PageTable::from_kv_lens(kv_lens, shape.page_size, &ids).unwrap();
-    (PagedKvLayout { num_pages, ..shape }, table)
-}
-
-/// A random paged problem (plain data so proptest can shrink and print it).
-#[derive(Clone, Debug)]
-struct Spec {
-    point: PointSpec,
-    page_size: usize,
-    order: KvOrder,
-    storage: KvStorage,
-}
-
-fn spec() -> impl Strategy<Value = Spec> {
+/// Random paged problems (decode-like and small prefill batches) over every page geometry.
+fn spec() -> impl Strategy<Value = PageSpec> {
     let page_sizes = prop_oneof![
         Just(1usize),
         Just(16),
@@ -156,70 +108,22 @@ fn spec() -> impl Strategy<Value = Spec> {
         groups: vec![1, 4, 8],
         lens: lens.boxed(),
     };
-    (
-        point_spec(axes),
-        page_sizes,
-        prop_oneof![Just(KvOrder::Nhd), Just(KvOrder::Hnd)],
-        prop_oneof![Just(KvStorage::Separate), Just(KvStorage::Combined)],
-    )
-        .prop_map(|(point, page_size, order, storage)| Spec {
-            // Combined storage needs equal head dims.
-            storage: if point.head_dims.qk() == point.head_dims.vo() {
-                storage
-            } else {
-                KvStorage::Separate
-            },
-            point,
-            page_size,
-            order,
-        })
+    page_spec(axes, page_sizes)
 }
 
-/// Builds the case and checks it; `Err` describes a failure.
-fn check(s: &Spec) -> Result<(), String> {
-    let pt = &s.point;
-    let contiguous = pt.point().problem(pt.seed);
-    let (q, k, v) = random_inputs(&contiguous, pt.seed);
-    let kv_lens: Vec<usize> = pt.lens.iter().map(|&(_, kv)| kv).collect();
-    let shape = PagedKvLayout {
-        num_pages: 0,
-        page_size: s.page_size,
-        num_kv_heads: pt.kv_heads,
-        head_dims: pt.head_dims,
-        order: s.order,
-        storage: s.storage,
-        dtype: pt.config.dtype,
-    };
-    let (layout, table) = paged_setup(&kv_lens, shape, pt.seed);
+/// Builds the case, scatters its K/V into the pages and checks them; `Err` describes a failure.
+fn check(s: &PageSpec) -> Result<(), String> {
+    let case = s.case();
     let bufs = tensors(
-        pt.config.dtype,
-        &scatter(&layout, &table, &k.to_f32_vec(), &v.to_f32_vec()),
+        s.point.config.dtype,
+        &scatter(
+            &case.layout,
+            &case.table,
+            &case.k.to_f32_vec(),
+            &case.v.to_f32_vec(),
+        ),
     );
-    let cache = cache_ref(&bufs);
-
-    let (gk, gv) = gather(&layout, &table, cache).map_err(|e| format!("gather: {e}"))?;
-    if gk != k || gv != v {
-        return Err("gathered K/V differ from the contiguous K/V".into());
-    }
-    let paged = PagedAttention::new(contiguous.clone(), layout, table)
-        .map_err(|e| format!("PagedAttention::new: {e}"))?;
-    let want = reference::attention(&contiguous, &q, &k, &v).map_err(|e| format!("ref: {e}"))?;
-    let got_ref =
-        reference::paged_attention(&paged, &q, cache).map_err(|e| format!("paged ref: {e}"))?;
-    if got_ref != want {
-        return Err("paged reference differs from the contiguous reference".into());
-    }
-    let got_cpu = cpu::paged_attention(&paged, &q, cache).map_err(|e| format!("paged cpu: {e}"))?;
-    let ragged_cpu = cpu::attention(paged.problem(), &q, &gk, &gv).map_err(|e| format!("{e}"))?;
-    if got_cpu != ragged_cpu {
-        return Err("paged CPU differs from ragged CPU on the gathered K/V".into());
-    }
-    let cmp = compare(&got_cpu, &want);
-    let tol = Tolerance::for_problem(&contiguous);
-    if !cmp.passes(&tol) {
-        return Err(format!("paged CPU vs reference: {cmp} (tolerance {tol:?})"));
-    }
-    Ok(())
+    check_cache(&case, cache_ref(&bufs), (&case.k, &case.v))
 }
 
 proptest! {
@@ -687,14 +591,10 @@ fn every_gpu_paged_case_builds_its_cache() {
             .paged_inputs(&k, &v)
             .expect("a paged case")
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        let (gk, gv) = match inputs.cache() {
-            PagedCache::Plain(pages) => gather(inputs.paged.layout(), inputs.paged.table(), pages),
-            PagedCache::Fp8(fp8) => {
-                fp8_cases += 1;
-                gather_dequantized(inputs.paged.layout(), inputs.paged.table(), fp8)
-            }
-        }
-        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let cache = inputs.cache();
+        fp8_cases += usize::from(cache.fp8_format().is_some());
+        let (gk, gv) = gather_cache(inputs.paged.layout(), inputs.paged.table(), cache)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let (wk, wv) = inputs
             .dequantized
             .as_ref()

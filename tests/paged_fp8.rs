@@ -4,37 +4,29 @@
 //! page geometry; scales and non-finite inputs are checked with errors naming their field, and
 //! a failed append leaves the cache unchanged.
 
-use attnforge::compare::{compare, Tolerance};
-use attnforge::cpu;
 use attnforge::dtype::fp8::{Fp8Format, Fp8Tensor};
 use attnforge::dtype::DType;
 use attnforge::paged::{
     append_paged_kv_fp8, dequantize, gather_dequantized, Fp8Kv, KvOrder, KvScales, KvStorage,
-    PageTable, PagedAttention, PagedKv, PagedKvLayout, PagedKvMut,
+    PageTable, PagedKv, PagedKvLayout,
 };
 use attnforge::problem::HeadDims;
-use attnforge::reference;
 use attnforge::tensor::HostTensor;
 use attnforge::testing::grid::VariantSpec;
-use attnforge::testing::random_inputs;
 use attnforge::testing::rng::SplitMix64;
 use proptest::prelude::*;
-use support::{point_spec, Axes, PointSpec};
+use support::paged::{cache_mut, cache_ref, check_cache, page_spec, storage_buffers, PageSpec};
+use support::Axes;
 
 mod support;
 
 /// Proptest cases per property (each runs the f64 reference on a small batch).
 const PROPTEST_CASES: u32 = 96;
-/// Pages in the cache beyond those the table uses (left NaN).
-const SPARE_PAGES: usize = 3;
 
 /// A random fp8 paged problem (plain data so proptest can shrink and print it).
 #[derive(Clone, Debug)]
 struct Spec {
-    point: PointSpec,
-    page_size: usize,
-    order: KvOrder,
-    storage: KvStorage,
+    page: PageSpec,
     format: Fp8Format,
     per_head: bool,
     /// log2 of the base scale, as a fraction of the format's range.
@@ -56,29 +48,17 @@ fn spec() -> impl Strategy<Value = Spec> {
         lens: lens.boxed(),
     };
     (
-        point_spec(axes),
-        (0u32..=7).prop_map(|k| 1usize << k),
-        prop_oneof![Just(KvOrder::Nhd), Just(KvOrder::Hnd)],
-        prop_oneof![Just(KvStorage::Separate), Just(KvStorage::Combined)],
+        page_spec(axes, (0u32..=7).prop_map(|k| 1usize << k)),
         prop_oneof![Just(Fp8Format::E4m3), Just(Fp8Format::E5m2)],
         any::<bool>(),
         -12i32..=2,
     )
-        .prop_map(
-            |(point, page_size, order, storage, format, per_head, scale_exp)| Spec {
-                storage: if point.head_dims.qk() == point.head_dims.vo() {
-                    storage
-                } else {
-                    KvStorage::Separate
-                },
-                point,
-                page_size,
-                order,
-                format,
-                per_head,
-                scale_exp,
-            },
-        )
+        .prop_map(|(page, format, per_head, scale_exp)| Spec {
+            page,
+            format,
+            per_head,
+            scale_exp,
+        })
 }
 
 /// Scales for `heads` KV heads: around `2^exp` (clamped so the format's largest value stays
@@ -116,105 +96,36 @@ fn dequantised(
     HostTensor::from_f32(t.dtype(), &vals)
 }
 
-fn layout_and_table(s: &Spec, kv_lens: &[usize]) -> (PagedKvLayout, PageTable) {
-    let pt = &s.point;
-    let used: usize = kv_lens.iter().map(|n| n.div_ceil(s.page_size)).sum();
-    let num_pages = used + SPARE_PAGES;
-    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
-    let mut rng = SplitMix64::with_salt(pt.seed, 0x9a6e);
-    for i in (1..num_pages).rev() {
-        ids.swap(i, rng.range_usize(0, i));
-    }
-    let table = PageTable::from_kv_lens(kv_lens, s.page_size, &ids).unwrap();
-    let layout = PagedKvLayout {
-        num_pages,
-        page_size: s.page_size,
-        num_kv_heads: pt.kv_heads,
-        head_dims: pt.head_dims,
-        order: s.order,
-        storage: s.storage,
-        dtype: pt.config.dtype,
-    };
-    (layout, table)
-}
-
 fn nan_buffers(layout: &PagedKvLayout, format: Fp8Format) -> Vec<Fp8Tensor> {
-    match layout.storage {
-        KvStorage::Separate => vec![
-            Fp8Tensor::nan(format, layout.k_buffer_len()),
-            Fp8Tensor::nan(format, layout.v_buffer_len()),
-        ],
-        KvStorage::Combined => vec![Fp8Tensor::nan(format, layout.k_buffer_len())],
-    }
+    storage_buffers(layout, |n| Fp8Tensor::nan(format, n))
 }
 
-fn pages(bufs: &[Fp8Tensor]) -> PagedKv<'_, Fp8Tensor> {
-    match bufs {
-        [kv] => PagedKv::Combined(kv),
-        [k, v] => PagedKv::Separate { k, v },
-        _ => panic!("one or two buffers"),
-    }
-}
-
-fn pages_mut(bufs: &mut [Fp8Tensor]) -> PagedKvMut<'_, Fp8Tensor> {
-    match bufs {
-        [kv] => PagedKvMut::Combined(kv),
-        [k, v] => PagedKvMut::Separate { k, v },
-        _ => panic!("one or two buffers"),
-    }
-}
-
-/// Builds the case and checks it; `Err` describes a failure.
+/// Builds the case, fills the pages with the quantising append and checks them against the
+/// element-wise dequantisation; `Err` describes a failure.
 fn check(s: &Spec) -> Result<(), String> {
-    let pt = &s.point;
-    let contiguous = pt.point().problem(pt.seed);
-    let (q, k, v) = random_inputs(&contiguous, pt.seed);
-    let kv_lens: Vec<usize> = pt.lens.iter().map(|&(_, kv)| kv).collect();
-    let (layout, table) = layout_and_table(s, &kv_lens);
+    let pt = &s.page.point;
+    let case = s.page.case();
+    let (layout, table) = (&case.layout, &case.table);
     let scales = scales(s, pt.kv_heads, &mut SplitMix64::with_salt(pt.seed, 0x5ca1));
-    let mut bufs = nan_buffers(&layout, s.format);
+    let mut bufs = nan_buffers(layout, s.format);
     let all_new = table.kv_indptr(layout.page_size);
     append_paged_kv_fp8(
-        &layout,
-        &table,
+        layout,
+        table,
         &all_new,
-        (&k, &v),
-        pages_mut(&mut bufs),
+        (&case.k, &case.v),
+        cache_mut(&mut bufs),
         &scales,
     )
     .map_err(|e| format!("append: {e}"))?;
+    let (h, dqk, dvo) = (pt.kv_heads, pt.head_dims.qk(), pt.head_dims.vo());
+    let kd = dequantised(&case.k, h, dqk, s.format, |h| scales.scale(true, h));
+    let vd = dequantised(&case.v, h, dvo, s.format, |h| scales.scale(false, h));
     let cache = Fp8Kv {
-        pages: pages(&bufs),
+        pages: cache_ref(&bufs),
         scales: &scales,
     };
-    let (h, dqk, dvo) = (pt.kv_heads, pt.head_dims.qk(), pt.head_dims.vo());
-    let kd = dequantised(&k, h, dqk, s.format, |h| scales.scale(true, h));
-    let vd = dequantised(&v, h, dvo, s.format, |h| scales.scale(false, h));
-
-    let (gk, gv) =
-        gather_dequantized(&layout, &table, cache).map_err(|e| format!("gather: {e}"))?;
-    if gk != kd || gv != vd {
-        return Err("gathered dequantised K/V differ from the element-wise dequantisation".into());
-    }
-    let paged = PagedAttention::new(contiguous.clone(), layout, table)
-        .map_err(|e| format!("PagedAttention::new: {e}"))?;
-    let want = reference::attention(&contiguous, &q, &kd, &vd).map_err(|e| format!("ref: {e}"))?;
-    let got_ref =
-        reference::paged_attention(&paged, &q, cache).map_err(|e| format!("paged ref: {e}"))?;
-    if got_ref != want {
-        return Err("fp8 paged reference differs from the reference on dequantised K/V".into());
-    }
-    let got_cpu = cpu::paged_attention(&paged, &q, cache).map_err(|e| format!("paged cpu: {e}"))?;
-    let ragged_cpu = cpu::attention(paged.problem(), &q, &kd, &vd).map_err(|e| format!("{e}"))?;
-    if got_cpu != ragged_cpu {
-        return Err("fp8 paged CPU differs from ragged CPU on the dequantised K/V".into());
-    }
-    let cmp = compare(&got_cpu, &want);
-    let tol = Tolerance::for_problem(&contiguous);
-    if !cmp.passes(&tol) {
-        return Err(format!("paged CPU vs reference: {cmp} (tolerance {tol:?})"));
-    }
-    Ok(())
+    check_cache(&case, cache, (&kd, &vd))
 }
 
 proptest! {
@@ -298,14 +209,14 @@ fn bad_scales_are_errors_naming_the_field() {
             &table,
             &[0, 5],
             (&new, &new),
-            pages_mut(&mut bufs),
+            cache_mut(&mut bufs),
             &scales,
         )
         .unwrap_err();
         assert_eq!(err.field, field, "{scales:?}: {err}");
         assert_eq!(bufs, before, "a failed append leaves the cache unchanged");
         let cache = Fp8Kv {
-            pages: pages(&bufs),
+            pages: cache_ref(&bufs),
             scales: &scales,
         };
         let err = gather_dequantized(&layout, &table, cache).unwrap_err();
@@ -338,7 +249,7 @@ fn non_finite_new_values_are_errors_and_leave_the_cache_unchanged() {
             &table,
             &[0, 5],
             (&good, &poisoned),
-            pages_mut(&mut bufs),
+            cache_mut(&mut bufs),
             &scales,
         )
         .unwrap_err();
@@ -357,7 +268,7 @@ fn mixed_formats_and_wrong_storage_are_errors() {
     bufs[1] = Fp8Tensor::nan(Fp8Format::E5m2, layout.v_buffer_len());
     let scales = KvScales::per_tensor(1.0, 1.0);
     let cache = Fp8Kv {
-        pages: pages(&bufs),
+        pages: cache_ref(&bufs),
         scales: &scales,
     };
     assert_eq!(
@@ -402,7 +313,7 @@ fn values_beyond_the_range_saturate() {
             &table,
             &[0, 5],
             (&new, &new),
-            pages_mut(&mut bufs),
+            cache_mut(&mut bufs),
             &scales,
         )
         .unwrap();
@@ -410,7 +321,7 @@ fn values_beyond_the_range_saturate() {
             &layout,
             &table,
             Fp8Kv {
-                pages: pages(&bufs),
+                pages: cache_ref(&bufs),
                 scales: &scales,
             },
         )
@@ -444,7 +355,7 @@ fn dequantisation_rounds_to_the_problem_dtype() {
         &layout,
         &table,
         Fp8Kv {
-            pages: pages(&bufs),
+            pages: cache_ref(&bufs),
             scales: &scales,
         },
     )

@@ -10,9 +10,8 @@ use super::engine::Engine;
 use super::error::CudaError;
 use super::launch::{launch_1d, Launch1d};
 use super::memory;
-use super::paged::{cache_strides, DevicePagedKv};
+use super::paged::{cache_strides, CacheBuffer, CacheElements, DevicePagedKv};
 use super::pages::KernelPages;
-use super::plan::ScaleAddress;
 use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
@@ -62,6 +61,31 @@ impl Engine {
         v_new: &DeviceTensor,
         cache: DevicePagedKvMut<'_>,
     ) -> Result<(), Error> {
+        self.append_to_cache(
+            stream,
+            layout,
+            table,
+            append_indptr,
+            (k_new, v_new),
+            cache,
+            &(),
+        )
+    }
+
+    /// The append into either kind of cache buffer (quantising with `scales` into fp8 codes):
+    /// the host version's checks except for the values themselves, the rows' dtype, the buffers
+    /// and scales against `layout`, then one launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append_to_cache<B: CacheBuffer>(
+        &self,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        table: &PageTable,
+        append_indptr: &[i32],
+        (k_new, v_new): (&DeviceTensor, &DeviceTensor),
+        cache: DevicePagedKvMut<'_, B>,
+        scales: &B::Scales,
+    ) -> Result<(), Error> {
         validate_append(
             layout,
             table,
@@ -72,31 +96,31 @@ impl Engine {
         if layout.dtype.size_bytes() != 2 {
             return Err(Error::Unsupported {
                 backend: "cuda",
-                what: format!("a {} cache", layout.dtype),
+                what: B::append_unsupported(layout.dtype),
                 supported: "f16, bf16".into(),
             });
         }
-        let (k_buf, v_buf) = cache.as_ref().checked(layout)?;
-        let cache_addr = (k_buf.device_address(stream), v_buf.device_address(stream));
-        let elem = layout.dtype.size_bytes() as u64;
-        let new = (k_new.device_address(stream), v_new.device_address(stream));
+        let cache = cache.as_ref();
+        let first = match cache {
+            DevicePagedKv::Separate { k, .. } | DevicePagedKv::Combined(k) => k,
+        };
+        let (k_buf, v_buf) = cache.checked(layout, B::appended(first, layout))?;
+        let elements = k_buf.elements(stream, layout, scales)?;
         self.launch_append(
             stream,
             layout,
             table,
             append_indptr,
-            new,
-            cache_addr,
-            elem,
-            None,
+            (k_new.device_address(stream), v_new.device_address(stream)),
+            (k_buf.device_address(stream), v_buf.device_address(stream)),
+            elements,
         )
     }
 
     /// Launches the append kernel over validated arguments: new rows at device addresses
-    /// `new` (K, V; the layout's dtype), cache buffers at `cache` of `elem`-byte elements, and
-    /// for an fp8 cache its format and scales.
+    /// `new` (K, V; the layout's dtype), cache buffers at `cache` read as `elements` say.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_append(
+    fn launch_append(
         &self,
         stream: &Arc<CudaStream>,
         layout: &PagedKvLayout,
@@ -104,9 +128,9 @@ impl Engine {
         append_indptr: &[i32],
         (k_new, v_new): (u64, u64),
         (k_cache, v_cache): (u64, u64),
-        elem: u64,
-        fp8: Option<(Fp8Format, ScaleAddress)>,
+        elements: CacheElements,
     ) -> Result<(), Error> {
+        let (elem, fp8) = (elements.bytes, elements.fp8);
         let total_new = *append_indptr.last().unwrap_or(&0) as usize;
         let (h, dqk, dvo) = (
             layout.num_kv_heads,

@@ -1,9 +1,10 @@
-//! Device tensors: flat device buffers tagged with a dtype, and host <-> device copies.
+//! Device buffers: [`DeviceBytes`], device memory that is owned or borrowed, and on it
+//! [`DeviceTensor`], a flat buffer tagged with a dtype, with host <-> device copies.
 //!
-//! A tensor either owns its buffer (uploaded here, or a caller's `CudaSlice` handed over with
+//! A buffer either owns its memory (uploaded here, or a caller's `CudaSlice` handed over with
 //! [`DeviceTensor::from_slice`]) or borrows memory the caller owns, given as a raw device
 //! address ([`DeviceTensor::from_raw`]: another framework's tensor); a borrowed one is never
-//! freed here.
+//! freed here. The fp8 code buffers (`super::DeviceFp8Tensor`) sit on the same [`DeviceBytes`].
 
 use super::error::{CudaError, DriverContext};
 use super::memory;
@@ -14,17 +15,15 @@ use half::{bf16, f16};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-/// A flat device buffer of `len` elements of `dtype`.
+/// Device memory, owned (freed on drop) or borrowed from the caller (never freed here).
 #[derive(Debug)]
-pub struct DeviceTensor {
+pub(crate) struct DeviceBytes {
     bytes: ManuallyDrop<CudaSlice<u8>>,
-    dtype: DType,
-    len: usize,
     /// Whether the memory is the caller's (from a raw address): then it is not freed on drop.
     borrowed: bool,
 }
 
-impl Drop for DeviceTensor {
+impl Drop for DeviceBytes {
     fn drop(&mut self) {
         // SAFETY: `bytes` is taken exactly once, here, and never used again.
         let bytes = unsafe { ManuallyDrop::take(&mut self.bytes) };
@@ -36,13 +35,83 @@ impl Drop for DeviceTensor {
     }
 }
 
+impl DeviceBytes {
+    /// Takes ownership of `bytes`: they are freed on drop.
+    pub(crate) fn owned(bytes: CudaSlice<u8>) -> DeviceBytes {
+        DeviceBytes {
+            bytes: ManuallyDrop::new(bytes),
+            borrowed: false,
+        }
+    }
+
+    /// Borrows `len` bytes at device address `address` (an error unless it is 16-byte aligned);
+    /// dropping them frees nothing.
+    ///
+    /// # Safety
+    /// `address` must be a device allocation of the context `stream` belongs to, at least `len`
+    /// bytes long, valid and not written by anything unordered with `stream` for as long as the
+    /// buffer (and any launch using it) lives.
+    pub(crate) unsafe fn borrowed(
+        stream: &Arc<CudaStream>,
+        address: u64,
+        len: usize,
+    ) -> Result<DeviceBytes, CudaError> {
+        if address % 16 != 0 {
+            return Err(CudaError::Buffer {
+                name: "from_raw",
+                reason: format!("address {address:#x} is not 16-byte aligned"),
+            });
+        }
+        // SAFETY: the caller vouches for the allocation (see above); the slice is leaked on drop
+        // (`borrowed`), so cudarc never frees it.
+        let bytes = unsafe { stream.upgrade_device_ptr::<u8>(address, len) };
+        Ok(DeviceBytes {
+            bytes: ManuallyDrop::new(bytes),
+            borrowed: true,
+        })
+    }
+
+    /// The whole memory, for in-place device fills.
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+        &mut self.bytes
+    }
+
+    /// Copies `data` into the first `data.len()` bytes, in place, ordered on `stream`.
+    pub(crate) fn write(&mut self, stream: &Arc<CudaStream>, data: &[u8]) -> Result<(), CudaError> {
+        if !data.is_empty() {
+            let mut view = self.bytes.slice_mut(0..data.len());
+            stream.memcpy_htod(data, &mut view).during("write")?;
+        }
+        Ok(())
+    }
+
+    /// The first `len` bytes, copied back to the host (synchronises `stream`).
+    pub(crate) fn read(&self, stream: &Arc<CudaStream>, len: usize) -> Result<Vec<u8>, CudaError> {
+        let mut raw = stream.clone_dtoh(&*self.bytes).during("download")?;
+        raw.truncate(len);
+        Ok(raw)
+    }
+
+    /// The device address, for kernel parameters.
+    pub(crate) fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
+        self.bytes.device_ptr(stream).0
+    }
+}
+
+/// A flat device buffer of `len` elements of `dtype`.
+#[derive(Debug)]
+pub struct DeviceTensor {
+    bytes: DeviceBytes,
+    dtype: DType,
+    len: usize,
+}
+
 impl DeviceTensor {
     fn owned(bytes: CudaSlice<u8>, dtype: DType, len: usize) -> DeviceTensor {
         DeviceTensor {
-            bytes: ManuallyDrop::new(bytes),
+            bytes: DeviceBytes::owned(bytes),
             dtype,
             len,
-            borrowed: false,
         }
     }
 
@@ -85,21 +154,9 @@ impl DeviceTensor {
                 name: "from_raw",
                 reason: format!("{len} {dtype} elements overflow the address space"),
             })?;
-        if address % 16 != 0 {
-            return Err(CudaError::Buffer {
-                name: "from_raw",
-                reason: format!("address {address:#x} is not 16-byte aligned"),
-            });
-        }
-        // SAFETY: the caller vouches for the allocation (see above); the slice is leaked on drop
-        // (`borrowed`), so cudarc never frees it.
-        let bytes = unsafe { stream.upgrade_device_ptr::<u8>(address, bytes_len) };
-        Ok(DeviceTensor {
-            bytes: ManuallyDrop::new(bytes),
-            dtype,
-            len,
-            borrowed: true,
-        })
+        // SAFETY: forwarded to the caller (see above).
+        let bytes = unsafe { DeviceBytes::borrowed(stream, address, bytes_len)? };
+        Ok(DeviceTensor { bytes, dtype, len })
     }
 
     /// Copies a host tensor to the device (on `stream`); [`CudaError::OutOfMemory`] when the
@@ -125,12 +182,14 @@ impl DeviceTensor {
 
     /// Overwrites every element with NaN on the device, in place, ordered on `stream`.
     pub fn fill_nan(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
-        memory::fill_nan(stream, &mut self.bytes, self.dtype)
+        memory::fill_nan(stream, self.bytes.slice_mut(), self.dtype)
     }
 
     /// Copies back to the host (synchronises `stream`).
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<HostTensor, CudaError> {
-        let raw = stream.clone_dtoh(&*self.bytes).during("download")?;
+        let raw = self
+            .bytes
+            .read(stream, self.len * self.dtype.size_bytes())?;
         let pairs = raw
             .chunks_exact(2)
             .map(|c| u16::from_le_bytes([c[0], c[1]]));
@@ -161,12 +220,7 @@ impl DeviceTensor {
                 ),
             });
         }
-        if self.len > 0 {
-            stream
-                .memcpy_htod(host.as_bytes(), &mut *self.bytes)
-                .during("write")?;
-        }
-        Ok(())
+        self.bytes.write(stream, host.as_bytes())
     }
 
     /// The element type.
@@ -186,6 +240,6 @@ impl DeviceTensor {
 
     /// The device address, for kernel parameters.
     pub(crate) fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
-        self.bytes.device_ptr(stream).0
+        self.bytes.device_address(stream)
     }
 }

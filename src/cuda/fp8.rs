@@ -7,18 +7,18 @@
 //! output is that of the plain kernels over the dequantised cache.
 
 use super::append::DevicePagedKvMut;
-use super::buffers::DeviceTensor;
+use super::buffers::{DeviceBytes, DeviceTensor};
 use super::engine::Engine;
-use super::error::{CudaError, DriverContext};
+use super::error::CudaError;
 use super::memory;
-use super::paged::{replay_in_graph, DevicePagedKv, PagedPlan, PagedRunMode};
+use super::paged::{CacheBuffer, CacheElements, DevicePagedKv, PagedPlan, PagedRunMode};
 use super::plan::{PlanOptions, ScaleAddress};
 use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
-use crate::paged::{Fp8Kv, KvScales, PagedAttention, PagedKv, PagedKvLayout};
+use crate::dtype::DType;
+use crate::paged::{Fp8Kv, KvScales, PagedAttention, PagedKvLayout};
 use crate::tensor::HostTensor;
 use crate::{AttentionOutput, Error};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 /// A flat device buffer of fp8 codes of one format, owned or borrowed (another framework's
@@ -26,23 +26,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct DeviceFp8Tensor {
     /// At least one byte (the driver allocates nothing of size 0); `len` are the tensor's.
-    bytes: ManuallyDrop<CudaSlice<u8>>,
+    bytes: DeviceBytes,
     len: usize,
     format: Fp8Format,
-    /// Whether the memory is the caller's: then it is not freed on drop.
-    borrowed: bool,
-}
-
-impl Drop for DeviceFp8Tensor {
-    fn drop(&mut self) {
-        // SAFETY: `bytes` is taken exactly once, here, and never used again.
-        let bytes = unsafe { ManuallyDrop::take(&mut self.bytes) };
-        if self.borrowed {
-            bytes.leak();
-        } else {
-            drop(bytes);
-        }
-    }
 }
 
 impl DeviceFp8Tensor {
@@ -59,21 +45,9 @@ impl DeviceFp8Tensor {
         format: Fp8Format,
         len: usize,
     ) -> Result<DeviceFp8Tensor, CudaError> {
-        if address % 16 != 0 {
-            return Err(CudaError::Buffer {
-                name: "from_raw",
-                reason: format!("address {address:#x} is not 16-byte aligned"),
-            });
-        }
-        // SAFETY: the caller vouches for the allocation (see above); the slice is leaked on drop
-        // (`borrowed`), so cudarc never frees it.
-        let bytes = unsafe { stream.upgrade_device_ptr::<u8>(address, len.max(1)) };
-        Ok(DeviceFp8Tensor {
-            bytes: ManuallyDrop::new(bytes),
-            len,
-            format,
-            borrowed: true,
-        })
+        // SAFETY: forwarded to the caller (see above).
+        let bytes = unsafe { DeviceBytes::borrowed(stream, address, len.max(1))? };
+        Ok(DeviceFp8Tensor { bytes, len, format })
     }
 
     /// Copies host codes to the device (on `stream`).
@@ -84,10 +58,9 @@ impl DeviceFp8Tensor {
         let what = format!("a {}-element {} tensor", host.len(), host.format);
         let data: &[u8] = if host.is_empty() { &[0] } else { &host.codes };
         Ok(DeviceFp8Tensor {
-            bytes: ManuallyDrop::new(memory::upload(stream, data, &what)?),
+            bytes: DeviceBytes::owned(memory::upload(stream, data, &what)?),
             len: host.len(),
             format: host.format,
-            borrowed: false,
         })
     }
 
@@ -115,20 +88,14 @@ impl DeviceFp8Tensor {
                 ),
             });
         }
-        if self.len > 0 {
-            let mut view = self.bytes.slice_mut(0..self.len);
-            stream.memcpy_htod(&host.codes, &mut view).during("write")?;
-        }
-        Ok(())
+        self.bytes.write(stream, &host.codes)
     }
 
     /// Copies back to the host (synchronises `stream`).
     pub fn download(&self, stream: &Arc<CudaStream>) -> Result<Fp8Tensor, CudaError> {
-        let mut codes = stream.clone_dtoh(&*self.bytes).during("download")?;
-        codes.truncate(self.len);
         Ok(Fp8Tensor {
             format: self.format,
-            codes,
+            codes: self.bytes.read(stream, self.len)?,
         })
     }
 
@@ -145,10 +112,6 @@ impl DeviceFp8Tensor {
     /// Whether the buffer holds no code.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    pub(crate) fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
-        self.bytes.device_ptr(stream).0
     }
 }
 
@@ -210,26 +173,78 @@ pub struct DeviceFp8Kv<'a> {
     pub scales: &'a DeviceKvScales,
 }
 
-/// Checks one code buffer against the plan's format and size.
-fn check_codes(
-    name: &'static str,
-    t: &DeviceFp8Tensor,
-    format: Fp8Format,
-    need: usize,
-) -> Result<(), CudaError> {
-    if t.format != format {
-        return Err(CudaError::Buffer {
-            name,
-            reason: format!("holds {} codes, the plan needs {format}", t.format),
-        });
+impl CacheBuffer for DeviceFp8Tensor {
+    type Host = Fp8Tensor;
+    type Element = Fp8Format;
+    type Scales = DeviceKvScales;
+
+    fn upload(stream: &Arc<CudaStream>, host: &Fp8Tensor) -> Result<Self, CudaError> {
+        DeviceFp8Tensor::upload(stream, host)
     }
-    if t.len < need {
-        return Err(CudaError::Buffer {
-            name,
-            reason: format!("has {} codes, the plan needs at least {need}", t.len),
-        });
+
+    fn nan_like(stream: &Arc<CudaStream>, host: &Fp8Tensor) -> Result<Self, CudaError> {
+        DeviceFp8Tensor::nan(stream, host.format, host.len())
     }
-    Ok(())
+
+    fn write(&mut self, stream: &Arc<CudaStream>, host: &Fp8Tensor) -> Result<(), CudaError> {
+        DeviceFp8Tensor::write(self, stream, host)
+    }
+
+    /// Every code's sign flipped.
+    fn negated(host: &Fp8Tensor) -> Fp8Tensor {
+        Fp8Tensor {
+            format: host.format,
+            codes: host.codes.iter().map(|c| c ^ 0x80).collect(),
+        }
+    }
+
+    fn check(&self, name: &'static str, want: Fp8Format, need: usize) -> Result<(), CudaError> {
+        if self.format != want {
+            return Err(CudaError::Buffer {
+                name,
+                reason: format!("holds {} codes, the plan needs {want}", self.format),
+            });
+        }
+        if self.len < need {
+            return Err(CudaError::Buffer {
+                name,
+                reason: format!("has {} codes, the plan needs at least {need}", self.len),
+            });
+        }
+        Ok(())
+    }
+
+    fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
+        self.bytes.device_address(stream)
+    }
+
+    fn elements(
+        &self,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        scales: &DeviceKvScales,
+    ) -> Result<CacheElements, CudaError> {
+        Ok(CacheElements {
+            bytes: 1,
+            fp8: Some((self.format, scales.address(stream, layout)?)),
+        })
+    }
+
+    fn planned(plan: &PagedPlan) -> Result<Fp8Format, Error> {
+        plan.kv_fp8().ok_or_else(|| Error::Unsupported {
+            backend: "cuda",
+            what: "an fp8 cache for a plan over pages of the problem's dtype".into(),
+            supported: "PagedPlan::with_kv_fp8 for fp8 caches".into(),
+        })
+    }
+
+    fn appended(first: &Self, _: &PagedKvLayout) -> Fp8Format {
+        first.format
+    }
+
+    fn append_unsupported(dtype: DType) -> String {
+        format!("{dtype} rows appended to an fp8 cache")
+    }
 }
 
 impl PagedPlan {
@@ -244,52 +259,8 @@ impl PagedPlan {
         o: &mut DeviceTensor,
         lse: Option<&mut DeviceTensor>,
     ) -> Result<(), Error> {
-        let Some(format) = self.kv_fp8() else {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: "an fp8 cache for a plan over pages of the problem's dtype".into(),
-                supported: "PagedPlan::with_kv_fp8 for fp8 caches".into(),
-            });
-        };
-        let layout = self.layout();
-        let (k, v) = cache
-            .pages
-            .checked_with(layout, |name, t, need| check_codes(name, t, format, need))?;
-        let scales = cache.scales.address(stream, layout)?;
-        let buffers = (k.device_address(stream), v.device_address(stream));
-        self.launch_paged(stream, q, buffers, 1, Some(scales), o, lse)
+        self.run_cache(stream, q, cache.pages, cache.scales, o, lse)
     }
-}
-
-fn pages_of<B>(buffers: &[B]) -> DevicePagedKv<'_, B> {
-    match buffers {
-        [k, v] => DevicePagedKv::Separate { k, v },
-        [kv] => DevicePagedKv::Combined(kv),
-        _ => unreachable!("a cache has one or two buffers"),
-    }
-}
-
-fn device_kv<'a>(buffers: &'a [DeviceFp8Tensor], scales: &'a DeviceKvScales) -> DeviceFp8Kv<'a> {
-    DeviceFp8Kv {
-        pages: pages_of(buffers),
-        scales,
-    }
-}
-
-/// `t` with every code's sign flipped: decoy contents of the same size and format.
-fn negated(t: &Fp8Tensor) -> Fp8Tensor {
-    Fp8Tensor {
-        format: t.format,
-        codes: t.codes.iter().map(|c| c ^ 0x80).collect(),
-    }
-}
-
-/// `t` with every element negated (f16/bf16 decoy queries).
-fn negated_q(t: &HostTensor) -> HostTensor {
-    HostTensor::from_f32(
-        t.dtype(),
-        &t.to_f32_vec().iter().map(|x| -x).collect::<Vec<_>>(),
-    )
 }
 
 impl Engine {
@@ -309,76 +280,11 @@ impl Engine {
         let layout = paged.layout();
         cache.validate(layout)?;
         let format = cache.format();
-        let mut plan = PagedPlan::with_kv_fp8(self, paged, Some(format), options)?;
-        let stream = self.stream();
-        let name = plan.spec().name();
-        let host_buffers: Vec<&Fp8Tensor> = match cache.pages {
-            PagedKv::Separate { k, v } => vec![k, v],
-            PagedKv::Combined(kv) => vec![kv],
-        };
-        let scales = DeviceKvScales::upload(stream, cache.scales, layout, format)?;
-        let mut qd = self.upload(q)?;
-        let mut buffers = host_buffers
-            .iter()
-            .map(|h| match mode {
-                PagedRunMode::DeviceAppend { .. } => DeviceFp8Tensor::nan(stream, format, h.len()),
-                _ => DeviceFp8Tensor::upload(stream, h),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        match mode {
-            PagedRunMode::DeviceAppend { k, v } => {
-                let (kd, vd) = (self.upload(k)?, self.upload(v)?);
-                let pages = match &mut buffers[..] {
-                    [kb, vb] => DevicePagedKvMut::Separate { k: kb, v: vb },
-                    [kv] => DevicePagedKvMut::Combined(kv),
-                    _ => unreachable!("a cache has one or two buffers"),
-                };
-                self.append_paged_kv_fp8(
-                    stream,
-                    layout,
-                    paged.table(),
-                    &paged.problem().batch.kv_indptr,
-                    (&kd, &vd),
-                    pages,
-                    &scales,
-                )?;
-                self.run_poisoned(paged.problem(), &name, |o, lse| {
-                    plan.run_fp8_on(stream, &qd, device_kv(&buffers, &scales), o, lse)
-                })
-            }
-            PagedRunMode::Direct => self.run_poisoned(paged.problem(), &name, |o, lse| {
-                plan.run_fp8_on(stream, &qd, device_kv(&buffers, &scales), o, lse)
-            }),
-            PagedRunMode::GraphReplay => {
-                qd.write(stream, &negated_q(q))?;
-                for (d, h) in buffers.iter_mut().zip(&host_buffers) {
-                    d.write(stream, &negated(h))?;
-                }
-                let mut state = (qd, buffers);
-                self.run_poisoned(paged.problem(), &name, |o, lse| {
-                    replay_in_graph(
-                        stream,
-                        &mut plan,
-                        &mut state,
-                        (o, lse),
-                        |plan, (qd, buffers), o, lse| {
-                            plan.run_fp8_on(stream, qd, device_kv(buffers, &scales), o, lse)
-                        },
-                        |(qd, buffers)| {
-                            qd.write(stream, q)?;
-                            for (d, h) in buffers.iter_mut().zip(&host_buffers) {
-                                d.write(stream, h)?;
-                            }
-                            Ok(())
-                        },
-                    )
-                })
-            }
-        }
+        let plan = PagedPlan::with_kv_fp8(self, paged, Some(format), options)?;
+        let scales = DeviceKvScales::upload(self.stream(), cache.scales, layout, format)?;
+        self.paged_host_cache::<DeviceFp8Tensor>(paged, q, plan, cache.pages, &scales, mode)
     }
-}
 
-impl Engine {
     /// [`append_paged_kv`](Self::append_paged_kv) into an fp8 cache: the new f16/bf16 rows are
     /// quantised with `scales` on the way in (`docs/semantics.md`, "fp8 KV cache"), after the
     /// same checks as the host's `append_paged_kv_fp8` except for the values themselves, which
@@ -391,40 +297,10 @@ impl Engine {
         layout: &PagedKvLayout,
         table: &crate::paged::PageTable,
         append_indptr: &[i32],
-        (k_new, v_new): (&DeviceTensor, &DeviceTensor),
+        new: (&DeviceTensor, &DeviceTensor),
         cache: DevicePagedKvMut<'_, DeviceFp8Tensor>,
         scales: &DeviceKvScales,
     ) -> Result<(), Error> {
-        crate::paged::validate_append(
-            layout,
-            table,
-            append_indptr,
-            (k_new.dtype(), k_new.len()),
-            (v_new.dtype(), v_new.len()),
-        )?;
-        if layout.dtype.size_bytes() != 2 {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("{} rows appended to an fp8 cache", layout.dtype),
-                supported: "f16, bf16".into(),
-            });
-        }
-        let format = match cache.as_ref() {
-            DevicePagedKv::Separate { k, .. } | DevicePagedKv::Combined(k) => k.format(),
-        };
-        let (k, v) = cache
-            .as_ref()
-            .checked_with(layout, |name, t, need| check_codes(name, t, format, need))?;
-        let scale_address = scales.address(stream, layout)?;
-        self.launch_append(
-            stream,
-            layout,
-            table,
-            append_indptr,
-            (k_new.device_address(stream), v_new.device_address(stream)),
-            (k.device_address(stream), v.device_address(stream)),
-            1,
-            Some((format, scale_address)),
-        )
+        self.append_to_cache(stream, layout, table, append_indptr, new, cache, scales)
     }
 }

@@ -9,6 +9,10 @@
 //! write new K/V contents and new queries into the same buffers and rewrite the page ids with
 //! [`PagedPlan::update_page_indices`] (same pages per request, checked against the cache).
 //! Different lengths need a new plan (and a new capture).
+//!
+//! Caches of the layout's dtype and of fp8 codes (`super::fp8`) share one run, one append and one
+//! run on host tensors, written once over [`CacheBuffer`], the trait that holds what differs
+//! between the two kinds of buffer (element check and size, scales, host copies).
 
 use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
@@ -21,6 +25,7 @@ use super::prefill::{check_buffer, check_view_alignment, qo_address};
 use super::schedule::KvSplit;
 use crate::codegen::{KernelSpec, KvCache};
 use crate::dtype::fp8::Fp8Format;
+use crate::dtype::DType;
 use crate::paged::{KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
 use crate::problem::{AttentionProblem, InvalidProblem};
 use crate::tensor::HostTensor;
@@ -53,21 +58,25 @@ impl<B> Clone for DevicePagedKv<'_, B> {
 impl<B> Copy for DevicePagedKv<'_, B> {}
 
 impl<'a, B> DevicePagedKv<'a, B> {
-    /// The buffers holding K and V (the same one twice when combined), after checking that the
-    /// storage matches `layout` and, with `check(name, buffer, elements needed)`, each buffer.
-    pub(crate) fn checked_with(
+    /// The buffers holding K and V (the same one twice when combined), after checking that they
+    /// match `layout`: its storage, and in each buffer `want` elements with room for all its
+    /// pages.
+    pub(crate) fn checked(
         self,
         layout: &PagedKvLayout,
-        check: impl Fn(&'static str, &B, usize) -> Result<(), CudaError>,
-    ) -> Result<(&'a B, &'a B), CudaError> {
+        want: B::Element,
+    ) -> Result<(&'a B, &'a B), CudaError>
+    where
+        B: CacheBuffer,
+    {
         match (layout.storage, self) {
             (KvStorage::Separate, DevicePagedKv::Separate { k, v }) => {
-                check("k_cache", k, layout.k_buffer_len())?;
-                check("v_cache", v, layout.v_buffer_len())?;
+                k.check("k_cache", want, layout.k_buffer_len())?;
+                v.check("v_cache", want, layout.v_buffer_len())?;
                 Ok((k, v))
             }
             (KvStorage::Combined, DevicePagedKv::Combined(kv)) => {
-                check("kv_cache", kv, layout.k_buffer_len())?;
+                kv.check("kv_cache", want, layout.k_buffer_len())?;
                 Ok((kv, kv))
             }
             (storage, _) => Err(CudaError::Buffer {
@@ -81,16 +90,132 @@ impl<'a, B> DevicePagedKv<'a, B> {
     }
 }
 
-impl<'a> DevicePagedKv<'a> {
-    /// The buffers holding K and V (the same one twice when combined), after checking that they
-    /// match `layout`: its storage, its dtype, and room for all its pages.
-    pub(crate) fn checked(
-        self,
+/// The device cache over one (combined) or two (separate) buffers.
+pub(crate) fn device_cache<B>(buffers: &[B]) -> DevicePagedKv<'_, B> {
+    match buffers {
+        [k, v] => DevicePagedKv::Separate { k, v },
+        [kv] => DevicePagedKv::Combined(kv),
+        _ => unreachable!("a cache has one or two buffers"),
+    }
+}
+
+/// [`device_cache`], writable.
+pub(crate) fn device_cache_mut<B>(buffers: &mut [B]) -> DevicePagedKvMut<'_, B> {
+    match buffers {
+        [k, v] => DevicePagedKvMut::Separate { k, v },
+        [kv] => DevicePagedKvMut::Combined(kv),
+        _ => unreachable!("a cache has one or two buffers"),
+    }
+}
+
+/// How the kernels read a cache's elements: their size in bytes and, for fp8 codes, the format
+/// and the scales.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheElements {
+    pub bytes: u64,
+    pub fp8: Option<(Fp8Format, ScaleAddress)>,
+}
+
+/// A device buffer that holds a paged cache's pages: a [`DeviceTensor`] of the layout's dtype
+/// or fp8 codes ([`super::DeviceFp8Tensor`]). The attention run ([`PagedPlan::run_cache`]), the
+/// append (`Engine::append_to_cache`) and the run on host tensors ([`Engine::paged_host`]) are
+/// written once over it.
+pub(crate) trait CacheBuffer: Sized {
+    /// The host buffer it is uploaded from and overwritten with.
+    type Host;
+    /// What each element is: a dtype, an fp8 format.
+    type Element: Copy;
+    /// What dequantises the elements: nothing for the layout's dtype, the scales for fp8 codes.
+    type Scales;
+
+    /// A device copy of `host`, ordered on `stream`.
+    fn upload(stream: &Arc<CudaStream>, host: &Self::Host) -> Result<Self, CudaError>;
+    /// A buffer of `host`'s size and element type, every element NaN.
+    fn nan_like(stream: &Arc<CudaStream>, host: &Self::Host) -> Result<Self, CudaError>;
+    /// Overwrites the buffer with `host` in place, ordered on `stream`.
+    fn write(&mut self, stream: &Arc<CudaStream>, host: &Self::Host) -> Result<(), CudaError>;
+    /// `host` with every value negated: decoy contents of the same size and element type.
+    fn negated(host: &Self::Host) -> Self::Host;
+    /// Checks that the buffer holds `want` elements, at least `need` of them; `name` names the
+    /// buffer in the error.
+    fn check(&self, name: &'static str, want: Self::Element, need: usize) -> Result<(), CudaError>;
+    /// The device address, for kernel parameters.
+    fn device_address(&self, stream: &Arc<CudaStream>) -> u64;
+    /// The kernels' view of the elements (a checked buffer of the cache `layout`, whose
+    /// `scales` are checked against it here).
+    fn elements(
+        &self,
+        stream: &Arc<CudaStream>,
         layout: &PagedKvLayout,
-    ) -> Result<(&'a DeviceTensor, &'a DeviceTensor), CudaError> {
-        self.checked_with(layout, |name, t, need| {
-            check_buffer(name, t, layout.dtype, need)
+        scales: &Self::Scales,
+    ) -> Result<CacheElements, CudaError>;
+    /// The element `plan` reads, or the error of a plan made for the other kind of cache.
+    fn planned(plan: &PagedPlan) -> Result<Self::Element, Error>;
+    /// The element an append into a cache of `layout` whose first buffer is `first` expects.
+    fn appended(first: &Self, layout: &PagedKvLayout) -> Self::Element;
+    /// What an append of `dtype` rows into such a cache is, in the error when the append
+    /// kernel does not take them.
+    fn append_unsupported(dtype: DType) -> String;
+}
+
+impl CacheBuffer for DeviceTensor {
+    type Host = HostTensor;
+    type Element = DType;
+    type Scales = ();
+
+    fn upload(stream: &Arc<CudaStream>, host: &HostTensor) -> Result<Self, CudaError> {
+        DeviceTensor::upload(stream, host)
+    }
+
+    fn nan_like(stream: &Arc<CudaStream>, host: &HostTensor) -> Result<Self, CudaError> {
+        DeviceTensor::nan(stream, host.dtype(), host.len())
+    }
+
+    fn write(&mut self, stream: &Arc<CudaStream>, host: &HostTensor) -> Result<(), CudaError> {
+        DeviceTensor::write(self, stream, host)
+    }
+
+    fn negated(host: &HostTensor) -> HostTensor {
+        negated(host)
+    }
+
+    fn check(&self, name: &'static str, want: DType, need: usize) -> Result<(), CudaError> {
+        check_buffer(name, self, want, need)
+    }
+
+    fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
+        DeviceTensor::device_address(self, stream)
+    }
+
+    fn elements(
+        &self,
+        _: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        (): &(),
+    ) -> Result<CacheElements, CudaError> {
+        Ok(CacheElements {
+            bytes: layout.dtype.size_bytes() as u64,
+            fp8: None,
         })
+    }
+
+    fn planned(plan: &PagedPlan) -> Result<DType, Error> {
+        match plan.kv_fp8 {
+            Some(format) => Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("a cache of the problem's dtype for a plan over {format} pages"),
+                supported: "run_fp8_on with the fp8 cache the plan was made for".into(),
+            }),
+            None => Ok(plan.layout.dtype),
+        }
+    }
+
+    fn appended(_: &Self, layout: &PagedKvLayout) -> DType {
+        layout.dtype
+    }
+
+    fn append_unsupported(dtype: DType) -> String {
+        format!("a {dtype} cache")
     }
 }
 
@@ -261,33 +386,40 @@ impl PagedPlan {
         o: &mut DeviceTensor,
         lse: Option<&mut DeviceTensor>,
     ) -> Result<(), Error> {
-        if let Some(format) = self.kv_fp8 {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("a cache of the problem's dtype for a plan over {format} pages"),
-                supported: "run_fp8_on with the fp8 cache the plan was made for".into(),
-            });
-        }
-        let l = &self.layout;
-        let (k_buf, v_buf) = cache.checked(l)?;
-        let elem = l.dtype.size_bytes() as u64;
-        let buffers = (k_buf.device_address(stream), v_buf.device_address(stream));
-        self.launch_paged(stream, q, buffers, elem, None, o, lse)
+        self.run_cache(stream, q, cache, &(), o, lse)
     }
 
-    /// Launches over cache buffers at device addresses `(k, v)` of `elem`-byte elements in the
-    /// plan's layout, with fp8 `scales` or none.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_paged(
+    /// [`run_on`](Self::run_on) over either kind of cache buffer, dequantised by `scales`: checks
+    /// that the plan was made for that kind, then the buffers and scales against the layout.
+    pub(crate) fn run_cache<B: CacheBuffer>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &DeviceTensor,
+        cache: DevicePagedKv<'_, B>,
+        scales: &B::Scales,
+        o: &mut DeviceTensor,
+        lse: Option<&mut DeviceTensor>,
+    ) -> Result<(), Error> {
+        let want = B::planned(self)?;
+        let l = &self.layout;
+        let (k_buf, v_buf) = cache.checked(l, want)?;
+        let elements = k_buf.elements(stream, l, scales)?;
+        let buffers = (k_buf.device_address(stream), v_buf.device_address(stream));
+        self.launch_paged(stream, q, buffers, elements, o, lse)
+    }
+
+    /// Launches over cache buffers at device addresses `(k, v)` in the plan's layout, read as
+    /// `elements` say.
+    fn launch_paged(
         &self,
         stream: &Arc<CudaStream>,
         q: &DeviceTensor,
         (k_addr, v_addr): (u64, u64),
-        elem: u64,
-        scales: Option<ScaleAddress>,
+        elements: CacheElements,
         o: &mut DeviceTensor,
         lse: Option<&mut DeviceTensor>,
     ) -> Result<(), Error> {
+        let elem = elements.bytes;
         let p = &self.plan.problem;
         let l = &self.layout;
         let qo = qo_address(p, stream, q, o, lse.as_deref())?;
@@ -308,7 +440,7 @@ impl PagedPlan {
                 v_page_stride: v_page,
                 page_size,
             }),
-            scales,
+            scales: elements.fp8.map(|(_, scales)| scales),
         };
         self.plan.launch(stream, qo, address)
     }
@@ -348,54 +480,60 @@ impl Engine {
     ) -> Result<AttentionOutput, Error> {
         paged.validate_q(q)?;
         paged.layout().validate_buffers(cache)?;
-        let mut plan = PagedPlan::with_options(self, paged, options)?;
+        let plan = PagedPlan::with_options(self, paged, options)?;
+        self.paged_host_cache::<DeviceTensor>(paged, q, plan, cache, &(), mode)
+    }
+
+    /// The run on host tensors over either kind of cache, after the checks of `q` and the host
+    /// cache `pages`: `plan` made for them, `scales` on the device.
+    pub(crate) fn paged_host_cache<B: CacheBuffer>(
+        &self,
+        paged: &PagedAttention,
+        q: &HostTensor,
+        mut plan: PagedPlan,
+        pages: PagedKv<'_, B::Host>,
+        scales: &B::Scales,
+        mode: PagedRunMode<'_>,
+    ) -> Result<AttentionOutput, Error> {
         let stream = self.stream();
         let name = plan.spec().name();
-        let host_buffers: Vec<&HostTensor> = match cache {
+        let host_buffers: Vec<&B::Host> = match pages {
             PagedKv::Separate { k, v } => vec![k, v],
             PagedKv::Combined(kv) => vec![kv],
         };
         let mut qd = self.upload(q)?;
         // The appended run starts from a cache of NaN (allocated and filled on the device), so
         // that a token the append misses shows in the output.
-        let mut buffers = match mode {
-            PagedRunMode::DeviceAppend { .. } => host_buffers
-                .iter()
-                .map(|h| DeviceTensor::nan(stream, h.dtype(), h.len()).map_err(Error::from))
-                .collect::<Result<Vec<_>, _>>()?,
-            _ => host_buffers
-                .iter()
-                .map(|t| self.upload(t))
-                .collect::<Result<Vec<_>, _>>()?,
-        };
+        let mut buffers = host_buffers
+            .iter()
+            .map(|h| match mode {
+                PagedRunMode::DeviceAppend { .. } => B::nan_like(stream, h),
+                _ => B::upload(stream, h),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         match mode {
             PagedRunMode::DeviceAppend { k, v } => {
                 let (kd, vd) = (self.upload(k)?, self.upload(v)?);
-                let cache = match &mut buffers[..] {
-                    [kb, vb] => DevicePagedKvMut::Separate { k: kb, v: vb },
-                    [kv] => DevicePagedKvMut::Combined(kv),
-                    _ => unreachable!("a cache has one or two buffers"),
-                };
-                self.append_paged_kv(
+                self.append_to_cache(
                     stream,
                     paged.layout(),
                     paged.table(),
                     &paged.problem().batch.kv_indptr,
-                    &kd,
-                    &vd,
-                    cache,
+                    (&kd, &vd),
+                    device_cache_mut(&mut buffers),
+                    scales,
                 )?;
                 self.run_poisoned(paged.problem(), &name, |o, lse| {
-                    plan.run(self, &qd, device_cache(&buffers), o, lse)
+                    plan.run_cache(stream, &qd, device_cache(&buffers), scales, o, lse)
                 })
             }
             PagedRunMode::Direct => self.run_poisoned(paged.problem(), &name, |o, lse| {
-                plan.run(self, &qd, device_cache(&buffers), o, lse)
+                plan.run_cache(stream, &qd, device_cache(&buffers), scales, o, lse)
             }),
             PagedRunMode::GraphReplay => {
                 qd.write(stream, &negated(q))?;
                 for (d, h) in buffers.iter_mut().zip(&host_buffers) {
-                    d.write(stream, &negated(h))?;
+                    d.write(stream, &B::negated(h))?;
                 }
                 let mut state = (qd, buffers);
                 self.run_poisoned(paged.problem(), &name, |o, lse| {
@@ -405,7 +543,7 @@ impl Engine {
                         &mut state,
                         (o, lse),
                         |plan, (qd, buffers), o, lse| {
-                            plan.run(self, qd, device_cache(buffers), o, lse)
+                            plan.run_cache(stream, qd, device_cache(buffers), scales, o, lse)
                         },
                         |(qd, buffers)| {
                             qd.write(stream, q)?;
@@ -426,7 +564,7 @@ impl Engine {
 /// CUDA graph, runs it, then writes the real page ids and (`write_real`) the real contents into
 /// the same buffers, poisons the outputs again and replays, so that the outputs prove the replay
 /// read the new contents and page ids.
-pub(crate) fn replay_in_graph<S>(
+fn replay_in_graph<S>(
     stream: &Arc<CudaStream>,
     plan: &mut PagedPlan,
     state: &mut S,
@@ -451,15 +589,6 @@ pub(crate) fn replay_in_graph<S>(
     // The graph is destroyed when it goes out of scope: not while it may run.
     stream.synchronize().during("waiting for the replay")?;
     Ok(())
-}
-
-/// The device cache over one (combined) or two (separate) buffers.
-fn device_cache(buffers: &[DeviceTensor]) -> DevicePagedKv<'_> {
-    match buffers {
-        [k, v] => DevicePagedKv::Separate { k, v },
-        [kv] => DevicePagedKv::Combined(kv),
-        _ => unreachable!("a cache has one or two buffers"),
-    }
 }
 
 /// `t` with every element negated: decoy contents of the same size and dtype.

@@ -1,10 +1,13 @@
 //! What the property tests share: the random grid point (dtype configuration, head dims, mask,
 //! variant, GQA shape, ragged lengths, seed) that the CPU backend's and the paged cache's
 //! properties both draw, each adding its own axes (views, instruction set; page geometry).
+//! [`paged`] holds what the paged cache's properties share beyond that.
 
 use attnforge::testing::grid::{DtypeConfig, MaskSpec, Point, VariantSpec, DTYPE_CONFIGS};
 use attnforge::HeadDims;
 use proptest::prelude::*;
+
+pub mod paged;
 
 /// A random grid point (plain data so proptest can shrink and print it) and its seed.
 #[derive(Clone, Debug)]
