@@ -43,6 +43,19 @@ class PagedPlan:
         spec: Dict[str, Any],
         device: int,
         kv_fp8: Optional[str] = None,
+        graph: Optional[Tuple[int, int, int, int]] = None,
+    ) -> None: ...
+    def replan(
+        self,
+        qo_indptr: List[int],
+        kv_page_indptr: List[int],
+        kv_page_indices: List[int],
+        kv_last_page_len: List[int],
+        page_size: int,
+        kv_layout: str,
+        spec: Dict[str, Any],
+        stream: int,
+        kv_fp8: Optional[str] = None,
     ) -> None: ...
     def run(
         self,

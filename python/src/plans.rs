@@ -11,13 +11,16 @@ use crate::cache;
 use crate::errors::{invalid, IntoPy};
 use crate::gpu;
 use crate::spec::AttnSpec;
-use attnforge::cuda::{self as ac, DeviceFp8Kv, DevicePagedKv, DeviceTensor, Engine, PlanOptions};
+use attnforge::cuda::{
+    self as ac, DeviceFp8Kv, DevicePagedKv, DeviceTensor, Engine, PagedGraphCapacity, PlanOptions,
+};
 use attnforge::dtype::fp8::Fp8Format;
 use attnforge::paged::{Fp8Kv, KvScales, KvStorage, PageTable, PagedAttention, PagedKvLayout};
 use attnforge::problem::TensorView;
 use attnforge::{AttentionOutput, AttentionProblem, DType};
 use pyo3::prelude::*;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Checks that `a` has exactly `shape`.
@@ -90,6 +93,24 @@ impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
         self.engine.synchronize().py()?;
         plans.insert(key, plan.clone());
         Ok(plan)
+    }
+}
+
+impl<K, P> DevicePlans<K, P> {
+    /// Calls `f` on every plan made so far, with its key (graph-stable plans re-planned in
+    /// place: their buffers keep their addresses).
+    fn each_mut(&self, mut f: impl FnMut(&K, &mut P) -> PyResult<()>) -> PyResult<()> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("plan state poisoned"))?;
+        for (key, plan) in plans.iter_mut() {
+            let plan = Arc::get_mut(plan).ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("plan() while a run() uses the plan")
+            })?;
+            f(key, plan)?;
+        }
+        Ok(())
     }
 }
 
@@ -300,6 +321,11 @@ pub struct PagedPlan {
     /// The cache's fp8 format, `None` for pages of the problem's dtype.
     kv_fp8: Option<Fp8Format>,
     device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
+    /// `use_cuda_graph`: the capacity the device plans are graph-stable for.
+    graph: Option<PagedGraphCapacity>,
+    /// Graph-stable plans on a GPU: the pages of the cache the last run read (0 before the
+    /// first), which bounds the page ids of a re-plan (a replayed graph reads that cache).
+    cache_pages: AtomicUsize,
 }
 
 /// The fp8 format named by a plan's `kv_fp8` (`e4m3`, `e5m2`, or PyTorch's spellings).
@@ -325,32 +351,14 @@ fn run_scales(k_scale: Option<Vec<f32>>, v_scale: Option<Vec<f32>>) -> KvScales 
     }
 }
 
-impl PagedPlan {
-    /// The paged problem over a cache laid out as `layout`.
-    fn paged(
-        &self,
-        layout: PagedKvLayout,
-        q_view: TensorView,
-        return_lse: bool,
-    ) -> PyResult<PagedAttention> {
-        let mut p = self.problem.clone();
-        p.q_view = q_view;
-        p.return_lse = return_lse;
-        PagedAttention::new(p, layout, self.table.clone()).py()
-    }
+/// A page table and the problem over it, as `PagedPlan::new` and `replan` read them.
+struct PagedParts {
+    problem: AttentionProblem,
+    table: PageTable,
+    layout: PagedKvLayout,
 }
 
-#[pymethods]
-impl PagedPlan {
-    /// Plans queries `qo_indptr` over the pages of the table, `page_size` tokens each, laid out
-    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend); `kv_fp8` names
-    /// the fp8 format of the cache's codes (`e4m3`, `e5m2`), or is `None` for pages of the
-    /// problem's dtype.
-    #[new]
-    #[pyo3(signature = (
-        qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
-        device, kv_fp8 = None
-    ))]
+impl PagedParts {
     #[allow(clippy::too_many_arguments)]
     fn new(
         qo_indptr: Vec<i32>,
@@ -359,11 +367,8 @@ impl PagedPlan {
         kv_last_page_len: Vec<i32>,
         page_size: usize,
         kv_layout: &str,
-        spec: AttnSpec,
-        device: i64,
-        kv_fp8: Option<&str>,
-    ) -> PyResult<Self> {
-        let kv_fp8 = fp8_format(kv_fp8)?;
+        spec: &AttnSpec,
+    ) -> PyResult<PagedParts> {
         let table = PageTable {
             kv_page_indptr,
             kv_page_indices,
@@ -385,13 +390,103 @@ impl PagedPlan {
             dtype: spec.dtype()?,
         };
         let p = PagedAttention::problem_for(qo_indptr, spec.num_qo_heads, &layout, &table).py()?;
-        let problem = spec.apply(p)?;
+        Ok(PagedParts {
+            problem: spec.apply(p)?,
+            table,
+            layout,
+        })
+    }
+}
+
+/// The device plan of `paged` over a cache of `kv_fp8` codes (or none): graph-stable for
+/// `graph`, or not.
+fn device_plan(
+    engine: &Engine,
+    paged: &PagedAttention,
+    kv_fp8: Option<Fp8Format>,
+    graph: Option<PagedGraphCapacity>,
+) -> PyResult<ac::PagedPlan> {
+    let options = PlanOptions::default();
+    match graph {
+        Some(capacity) => ac::PagedPlan::graph_stable(engine, paged, kv_fp8, options, capacity),
+        None => ac::PagedPlan::with_kv_fp8(engine, paged, kv_fp8, options),
+    }
+    .py()
+}
+
+impl PagedPlan {
+    /// The paged problem over a cache laid out as `layout`.
+    fn paged(
+        &self,
+        layout: PagedKvLayout,
+        q_view: TensorView,
+        return_lse: bool,
+    ) -> PyResult<PagedAttention> {
+        let mut p = self.problem.clone();
+        p.q_view = q_view;
+        p.return_lse = return_lse;
+        PagedAttention::new(p, layout, self.table.clone()).py()
+    }
+}
+
+#[pymethods]
+impl PagedPlan {
+    /// Plans queries `qo_indptr` over the pages of the table, `page_size` tokens each, laid out
+    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend); `kv_fp8` names
+    /// the fp8 format of the cache's codes (`e4m3`, `e5m2`), or is `None` for pages of the
+    /// problem's dtype.
+    /// With `graph` (`max_batch, max_qo_tokens, max_qo_len, max_pages`), the device plans are
+    /// graph-stable (`use_cuda_graph`): `replan` writes later batches within that capacity into
+    /// their buffers, so that a graph captured around `run` replays them.
+    #[new]
+    #[pyo3(signature = (
+        qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
+        device, kv_fp8 = None, graph = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        qo_indptr: Vec<i32>,
+        kv_page_indptr: Vec<i32>,
+        kv_page_indices: Vec<i32>,
+        kv_last_page_len: Vec<i32>,
+        page_size: usize,
+        kv_layout: &str,
+        spec: AttnSpec,
+        device: i64,
+        kv_fp8: Option<&str>,
+        graph: Option<(usize, usize, usize, usize)>,
+    ) -> PyResult<Self> {
+        let kv_fp8 = fp8_format(kv_fp8)?;
+        let PagedParts {
+            problem,
+            table,
+            layout,
+        } = PagedParts::new(
+            qo_indptr,
+            kv_page_indptr,
+            kv_page_indices,
+            kv_last_page_len,
+            page_size,
+            kv_layout,
+            &spec,
+        )?;
+        let graph =
+            graph.map(
+                |(max_batch, max_qo_tokens, max_qo_len, max_pages)| PagedGraphCapacity {
+                    max_batch,
+                    max_qo_tokens,
+                    max_qo_len,
+                    max_pages,
+                },
+            );
         let mut plan = PagedPlan {
             layout,
             problem,
             table,
             kv_fp8,
             device: None,
+            graph,
+            cache_pages: AtomicUsize::new(0),
         };
         let contiguous = plan.problem.q_view;
         plan.paged(layout, contiguous, true)?;
@@ -407,13 +502,139 @@ impl PagedPlan {
             for storage in storages {
                 let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
                 let key = (storage, contiguous.token_stride, contiguous.head_stride);
-                device.get(key, |e| {
-                    ac::PagedPlan::with_kv_fp8(e, &paged, kv_fp8, PlanOptions::default()).py()
-                })?;
+                device.get(key, |e| device_plan(e, &paged, kv_fp8, graph))?;
             }
             plan.device = Some(device);
         }
         Ok(plan)
+    }
+
+    /// Re-plans a graph-stable plan (made with `graph`) for a new batch over the same cache
+    /// layout, heads, head dims, dtypes and options: checked against the capacity, then written
+    /// into the device plans' buffers on `stream` (no allocation), so that a graph captured
+    /// around an earlier `run` replays this batch.
+    #[pyo3(signature = (
+        qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
+        stream, kv_fp8 = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn replan(
+        &mut self,
+        qo_indptr: Vec<i32>,
+        kv_page_indptr: Vec<i32>,
+        kv_page_indices: Vec<i32>,
+        kv_last_page_len: Vec<i32>,
+        page_size: usize,
+        kv_layout: &str,
+        spec: AttnSpec,
+        stream: u64,
+        kv_fp8: Option<&str>,
+    ) -> PyResult<()> {
+        let Some(capacity) = self.graph else {
+            return Err(invalid(
+                "use_cuda_graph",
+                "replan() needs a plan made for CUDA graphs",
+            ));
+        };
+        if fp8_format(kv_fp8)? != self.kv_fp8 {
+            return Err(invalid(
+                "kv_data_type",
+                "differs from the first plan's; a CUDA-graph wrapper keeps its dtypes",
+            ));
+        }
+        let parts = PagedParts::new(
+            qo_indptr,
+            kv_page_indptr,
+            kv_page_indices,
+            kv_last_page_len,
+            page_size,
+            kv_layout,
+            &spec,
+        )?;
+        let fixed = PagedKvLayout {
+            num_pages: self.layout.num_pages,
+            ..parts.layout
+        };
+        if fixed != self.layout {
+            return Err(invalid(
+                "page_size",
+                "the cache layout (page size, KV heads, head dims, dtype, kv_layout) differs from \
+                 the first plan's; a CUDA-graph wrapper keeps it",
+            ));
+        }
+        attnforge::cuda::GraphCapacity {
+            max_batch: capacity.max_batch,
+            max_qo_tokens: capacity.max_qo_tokens,
+            max_qo_len: capacity.max_qo_len,
+            max_kv_tokens: capacity.max_pages * page_size,
+        }
+        .check(&parts.problem.batch)
+        .py()?;
+        ac::check_replan(&self.problem, &parts.problem).py()?;
+        if parts.table.kv_page_indices.len() > capacity.max_pages {
+            return Err(invalid(
+                "paged_kv_indices",
+                format!(
+                    "has {} page ids; the buffer holds {}",
+                    parts.table.kv_page_indices.len(),
+                    capacity.max_pages
+                ),
+            ));
+        }
+        let captured = *self.cache_pages.get_mut();
+        if captured > 0 && parts.layout.num_pages > captured {
+            return Err(invalid(
+                "paged_kv_indices",
+                format!(
+                    "uses page id {}; the cache the plan last ran on has {captured} pages",
+                    parts.layout.num_pages - 1
+                ),
+            ));
+        }
+        let old = std::mem::replace(
+            self,
+            PagedPlan {
+                problem: parts.problem,
+                table: parts.table,
+                layout: parts.layout,
+                kv_fp8: self.kv_fp8,
+                device: None,
+                graph: self.graph,
+                cache_pages: AtomicUsize::new(captured),
+            },
+        );
+        let result = match &old.device {
+            None => Ok(()),
+            Some(device) => {
+                let stream = gpu::stream(&device.engine, stream);
+                device.each_mut(|&(storage, token_stride, head_stride), plan| {
+                    let view = TensorView {
+                        offset: 0,
+                        token_stride,
+                        head_stride,
+                    };
+                    let paged = self.paged(
+                        PagedKvLayout {
+                            storage,
+                            ..self.layout
+                        },
+                        view,
+                        true,
+                    )?;
+                    plan.replan(&stream, &paged).py()
+                })
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.device = old.device;
+                Ok(())
+            }
+            Err(e) => {
+                *self = old;
+                Err(e)
+            }
+        }
     }
 
     /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array, or a (K, V) pair) into
@@ -538,8 +759,9 @@ impl PagedPlan {
                         ..self.layout
                     };
                     let paged = self.paged(planned, qv, true)?;
-                    ac::PagedPlan::with_kv_fp8(e, &paged, self.kv_fp8, PlanOptions::default()).py()
+                    device_plan(e, &paged, self.kv_fp8, self.graph)
                 })?;
+                self.cache_pages.store(layout.num_pages, Ordering::Relaxed);
                 let stream = gpu::stream(&device.engine, stream);
                 let dt = p.input_dtype;
                 let qd = gpu::borrow(&stream, &q, "q", dt)?;

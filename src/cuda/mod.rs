@@ -37,6 +37,6 @@ pub use fp8::{DeviceFp8Kv, DeviceFp8Tensor, DeviceKvScales};
 pub use graph::capture_graph;
 pub use merge::DeviceState;
 pub use paged::{DevicePagedKv, PagedGraphCapacity, PagedPlan, PagedRunMode};
-pub use plan::{GraphCapacity, PlanOptions};
+pub use plan::{check_replan, GraphCapacity, PlanOptions};
 pub use prefill::PrefillPlan;
 pub use schedule::{KvSplit, SplitChoice};

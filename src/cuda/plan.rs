@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 mod graph;
 
-pub use graph::GraphCapacity;
 use graph::{check_graph_problem, graph_split, padded_work, work_capacity, GraphState};
+pub use graph::{check_replan, GraphCapacity};
 
 /// log2(e), folded into the scale when the variant has no transform.
 const LOG2E: f32 = std::f32::consts::LOG2_E;

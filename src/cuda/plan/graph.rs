@@ -17,6 +17,7 @@
 //! maps hold the key count) are not used.
 
 use super::{KernelPlan, PlanOptions};
+use crate::codegen::param_values;
 use crate::cuda::schedule::{choose_kv_split, prefill_work, KvSplit, SplitChoice, WorkItem};
 use crate::problem::{AttentionProblem, InvalidProblem, Mask, RaggedBatch};
 use crate::Error;
@@ -195,8 +196,9 @@ pub(crate) fn padded_work(
 }
 
 /// Whether `a` and `b` launch with the same parameters but for their batches: everything the
-/// kernel reads by value or is compiled for.
+/// kernel reads by value or is compiled for, the variant's parameter values included.
 fn same_launch(a: &AttentionProblem, b: &AttentionProblem) -> bool {
+    let params = |p: &AttentionProblem| param_values(&p.variant, p.qk_scaling().post_scale);
     a.num_qo_heads == b.num_qo_heads
         && a.num_kv_heads == b.num_kv_heads
         && a.head_dims == b.head_dims
@@ -208,6 +210,23 @@ fn same_launch(a: &AttentionProblem, b: &AttentionProblem) -> bool {
         && a.q_view == b.q_view
         && a.k_view == b.k_view
         && a.v_view == b.v_view
+        && a.variant.kind() == b.variant.kind()
+        && params(a) == params(b)
+}
+
+/// An error unless `next` may re-plan a graph-stable plan of `first`: the same launch but for
+/// the batch (heads, head dims, dtypes, mask and window, scale, variant and its parameters,
+/// views); only the batch may change.
+pub fn check_replan(first: &AttentionProblem, next: &AttentionProblem) -> Result<(), Error> {
+    if same_launch(first, next) {
+        return Ok(());
+    }
+    Err(InvalidProblem::new(
+        "problem",
+        "differs from the graph-stable plan's in more than its batch (heads, head dims, dtypes, \
+         mask and window, sm_scale, variant and its parameters, views are fixed at construction)",
+    )
+    .into())
 }
 
 impl KernelPlan {
@@ -232,11 +251,15 @@ impl KernelPlan {
         check_graph_problem(problem, &PlanOptions::default())?;
         let spec = crate::codegen::KernelSpec::for_problem(problem, self.spec.kv, self.spec.tile)?
             .with_kv_fp8(self.spec.kv_fp8)?;
-        if spec != self.spec || !same_launch(problem, &self.problem) {
+        check_replan(&self.problem, problem)?;
+        if spec != self.spec {
             return Err(InvalidProblem::new(
                 "problem",
-                "differs from the graph-stable plan's in more than its batch (heads, head dims, \
-                 dtypes, mask, scale, variant kind and views are fixed at construction)",
+                format!(
+                    "needs kernel {}; the graph-stable plan runs {}",
+                    spec.name(),
+                    self.spec.name()
+                ),
             )
             .into());
         }
