@@ -123,11 +123,17 @@ fn unsupported(what: &str, supported: &str) -> Error {
     }
 }
 
+/// The most bytes the planner's split of a graph-stable plan gives its workspace: it holds a
+/// slot per (query row, head, chunk) for a request holding every key of the capacity, and a
+/// chunk is made longer (a power-of-two multiple of the planned one) until they fit. The size of
+/// FlashInfer's usual float workspace, doubled.
+const GRAPH_WORKSPACE_BYTES: usize = 256 << 20;
+
 /// The KV split of a graph-stable plan, fixed for every later plan: `options.split`'s chunk, or
 /// with [`SplitChoice::Planned`] the planner's choice for the decode batch the capacity
 /// describes (every request at an equal share of the keys; none when the capacity's requests
-/// have more than one query token, whose query count changes between plans), with room for a
-/// request holding every key.
+/// have more than one query token, whose query count changes between plans), lengthened until
+/// its workspace fits [`GRAPH_WORKSPACE_BYTES`], with room for a request holding every key.
 pub(crate) fn graph_split(
     problem: &AttentionProblem,
     capacity: &GraphCapacity,
@@ -143,7 +149,19 @@ pub(crate) fn graph_split(
             let mut shape = problem.clone();
             shape.batch = RaggedBatch::from_lens(&vec![(1, share); capacity.max_batch])?;
             shape.mask = Mask::None;
-            choose_kv_split(&shape, cta_q, kv_tile, slots).map(|s| s.chunk)
+            let slot_bytes = capacity.max_qo_tokens
+                * problem.num_qo_heads
+                * (problem.head_dims.vo() + 1)
+                * std::mem::size_of::<f32>();
+            choose_kv_split(&shape, cta_q, kv_tile, slots).map(|s| {
+                let mut chunk = s.chunk;
+                while capacity.max_kv_tokens.div_ceil(chunk) * slot_bytes > GRAPH_WORKSPACE_BYTES
+                    && chunk < capacity.max_kv_tokens
+                {
+                    chunk *= 2;
+                }
+                chunk
+            })
         }
     };
     Ok(chunk.map(|chunk| KvSplit {
@@ -379,6 +397,14 @@ mod tests {
             .unwrap()
             .expect("one long request splits");
         assert!(split.max_chunks * split.chunk >= 65536, "{split:?}");
+        // A large capacity's workspace stays bounded.
+        let wide = GraphCapacity::decode(128, 2 << 20);
+        let p = decode(&[1; 128], 32, 8);
+        let s = graph_split(&p, &wide, (16, 64, 792), SplitChoice::Planned)
+            .unwrap()
+            .expect("1.3 waves of 16384-key requests split");
+        let bytes = 128 * 32 * 129 * 4 * s.max_chunks;
+        assert!(bytes <= GRAPH_WORKSPACE_BYTES, "{s:?}: {bytes} bytes");
         let prefill = GraphCapacity {
             max_qo_len: 64,
             ..cap
