@@ -98,10 +98,11 @@ class PagedGraph:
         after."""
         qo = args[0]
         if self.native is None:
-            self.max_rows = qo[-1]
-            per_request = self.max_rows if rows_per_request is None else rows_per_request
-            capacity = (self.batch, self.max_rows, per_request, self.max_pages)
+            rows = qo[-1]
+            per_request = rows if rows_per_request is None else rows_per_request
+            capacity = (self.batch, rows, per_request, self.max_pages)
             self.native = _native.PagedPlan(*args, device, kv_fp8, capacity)
+            self.max_rows = rows
         else:
             self.native.replan(*args, A.current_stream(device), kv_fp8)
         return self.native

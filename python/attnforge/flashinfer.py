@@ -94,7 +94,14 @@ class _Wrapper:
         qo, indptr, indices, last = args[:4]
         g = self._graph
         g.check(len(last), len(indices), qo[-1])
-        native = g.plan(args, self._device, self._kv_fp8, rows_per_request)
+        try:
+            native = g.plan(args, self._device, self._kv_fp8, rows_per_request)
+        except Exception:
+            # The wrapper keeps the plan it had, and the dtypes that plan was made for.
+            if self._plan is not None:
+                self._dtype, self._kv_fp8 = self._graph_dtypes
+            raise
+        self._graph_dtypes = (self._dtype, self._kv_fp8)
         if not getattr(self, "_fast_plan", False):
             g.write(qo, indptr, indices, last)
         return native

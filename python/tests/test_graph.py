@@ -121,6 +121,8 @@ def test_capacity_and_fixed_parameters_are_checked():
         w.plan(*table([3, 5], 2), HQ, HKV, D, 2)
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
         w.plan(indptr, ids, last, HQ, HKV, D, page_size, pos_encoding_mode="ALIBI")
+    with pytest.raises(ValueError, match="kv_data_type"):
+        w.plan(indptr, ids, last, HQ, HKV, D, page_size, kv_data_type="float8_e4m3fn")
     # The failed plans left the last good one in place.
     kv = cache(page_size)
     check_decode(w, kv, rand((2, HQ, D)), indptr, ids, last)
