@@ -1,16 +1,17 @@
-//! Graph-stable paged plans on the GPU: a CUDA graph captured once around `PagedPlan::run_on`
-//! replays every later `PagedPlan::replan` (other lengths, other pages, one request holding every
-//! page, empty requests), checked against the f64 reference each time; decode unsplit and with a
-//! KV split (its merge launch in the graph), and paged prefill. Skipped without a CUDA device.
+//! Graph-stable plans on the GPU: a CUDA graph captured once around `PagedPlan::run_on` replays
+//! every later `PagedPlan::replan` (other lengths, other pages, one request holding every page,
+//! empty requests), checked against the f64 reference each time; decode unsplit and with a KV
+//! split (its merge launch in the graph), paged prefill, and ragged prefill (`PrefillPlan`).
+//! Skipped without a CUDA device.
 
 use attnforge::compare::{compare, Tolerance};
 use attnforge::cuda::{
-    capture_graph, DevicePagedKv, DeviceTensor, Engine, PagedGraphCapacity, PagedPlan, PlanOptions,
-    SplitChoice,
+    capture_graph, DevicePagedKv, DeviceTensor, Engine, GraphCapacity, PagedGraphCapacity,
+    PagedPlan, PlanOptions, PrefillPlan, SplitChoice,
 };
 use attnforge::dtype::DType;
 use attnforge::paged::{KvOrder, KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout};
-use attnforge::problem::HeadDims;
+use attnforge::problem::{AttentionProblem, HeadDims, Mask, RaggedBatch};
 use attnforge::reference;
 use attnforge::tensor::HostTensor;
 use attnforge::testing::rng::SplitMix64;
@@ -238,4 +239,79 @@ fn replans_beyond_the_capacity_are_refused() {
     p.sm_scale *= 0.5;
     other_scale = PagedAttention::new(p, l, other_scale.table().clone()).unwrap();
     assert!(plan.replan(&stream, &other_scale).is_err());
+}
+
+// Ragged prefill: queries and keys in capacity-sized buffers, the lengths change at every plan.
+#[test]
+fn a_captured_ragged_prefill_graph_replays_every_later_plan() {
+    let Some(engine) = engine() else { return };
+    let capacity = GraphCapacity {
+        max_batch: 3,
+        max_qo_tokens: 200,
+        max_qo_len: 200,
+        max_kv_tokens: 600,
+    };
+    let mut rng = SplitMix64::new(11);
+    let stream = engine.stream().clone();
+    let q = random(capacity.max_qo_tokens * HQ * 128, &mut rng);
+    let k = random(capacity.max_kv_tokens * HKV * 128, &mut rng);
+    let v = random(capacity.max_kv_tokens * HKV * 128, &mut rng);
+    let (qd, kd, vd) = (
+        engine.upload(&q).unwrap(),
+        engine.upload(&k).unwrap(),
+        engine.upload(&v).unwrap(),
+    );
+    let mut od = DeviceTensor::nan(&stream, DType::F16, q.len()).unwrap();
+    let problem = |lens: &[(usize, usize)]| {
+        AttentionProblem::new(
+            RaggedBatch::from_lens(lens).unwrap(),
+            HQ,
+            HKV,
+            HeadDims::equal(128).unwrap(),
+            DType::F16,
+        )
+        .with_mask(Mask::Causal)
+    };
+    let batches = [
+        vec![(100, 300), (50, 50), (50, 250)],
+        vec![(1, 1), (199, 599)],
+        vec![(7, 7), (0, 3), (3, 100)],
+    ];
+    let mut plan = PrefillPlan::graph_stable(
+        &engine,
+        &problem(&batches[0]),
+        PlanOptions::default(),
+        capacity,
+    )
+    .expect("plan");
+    let graph = capture_graph(&stream, || {
+        plan.run_on(&stream, &qd, &kd, &vd, &mut od, None)
+    })
+    .expect("capture");
+    for lens in &batches {
+        let p = problem(lens);
+        plan.replan(&stream, &p).expect("replan");
+        od.fill_nan(&stream).unwrap();
+        graph.launch().expect("replay");
+        stream.synchronize().unwrap();
+        let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
+        let part = |t: &HostTensor, rows: usize, heads: usize| {
+            HostTensor::from_f32(DType::F16, &t.to_f32_vec()[..rows * heads * 128])
+        };
+        let o = od.download(&stream).unwrap();
+        let out = attnforge::AttentionOutput {
+            o: part(&o, qo, HQ),
+            lse: None,
+        };
+        let want = reference::attention(
+            &p,
+            &part(&q, qo, HQ),
+            &part(&k, kv, HKV),
+            &part(&v, kv, HKV),
+        )
+        .unwrap();
+        let cmp = compare(&out, &want);
+        assert!(cmp.passes(&Tolerance::for_problem(&p)), "{lens:?}: {cmp:?}");
+    }
+    drop(graph);
 }

@@ -20,6 +20,10 @@ class RaggedPlan:
         spec: Dict[str, Any],
         device: int,
         lazy: bool = False,
+        graph: Optional[Tuple[int, int]] = None,
+    ) -> None: ...
+    def replan(
+        self, qo_indptr: List[int], kv_indptr: List[int], spec: Dict[str, Any], stream: int
     ) -> None: ...
     def run(
         self,

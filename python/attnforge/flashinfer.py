@@ -18,7 +18,7 @@ import functools
 from . import _arrays as A
 from . import _fp8
 from . import _native
-from ._graph import PagedGraph
+from ._graph import PagedGraph, RaggedGraph
 from ._common import _finish, _LseShift, _outputs, _slopes
 from ._merge import merge_state, merge_state_in_place, merge_states
 from ._options import check_common, check_run, dtype_code, refuse, refuse_set, spec
@@ -55,6 +55,20 @@ __all__ = [
 ]
 
 
+def _refuse_in_graphs(pos_encoding_mode, masks):
+    """What ``use_cuda_graph=True`` refuses at ``plan``: ALiBi and custom masks (``masks``: the
+    custom mask arguments given, by name)."""
+    if pos_encoding_mode == "ALIBI":
+        refuse(
+            "pos_encoding_mode",
+            pos_encoding_mode,
+            "ALiBi's LSE shift is computed per plan, which a captured graph does not follow",
+        )
+    for name, value in masks.items():
+        if value is not None:
+            refuse(name, "<mask>", "custom masks are not supported with use_cuda_graph=True")
+
+
 # Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
 _SINK_PLANS_MAX = 4
 
@@ -82,15 +96,7 @@ class _Wrapper:
         """``use_cuda_graph``: the plan of ``args`` (``_native.PagedPlan``'s first seven) over
         the caller's buffers, after FlashInfer's checks and the refusals of what a captured
         launch cannot follow (``custom``: the custom mask arguments given)."""
-        if pos_encoding_mode == "ALIBI":
-            refuse(
-                "pos_encoding_mode",
-                pos_encoding_mode,
-                "ALiBi's LSE shift is computed per plan, which a captured graph does not follow",
-            )
-        for name, value in (custom or {}).items():
-            if value is not None:
-                refuse(name, "<mask>", "custom masks are not supported with use_cuda_graph=True")
+        _refuse_in_graphs(pos_encoding_mode, custom or {})
         qo, indptr, indices, last = args[:4]
         g = self._graph
         g.check(len(last), len(indices), qo[-1])
@@ -200,14 +206,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         jit_args=None,
         jit_kwargs=None,
     ):
-        if use_cuda_graph:
-            refuse(
-                "use_cuda_graph",
-                use_cuda_graph,
-                "graph-stable plans cover the paged wrappers; the ragged wrapper's run() after "
-                "plan() is capture-safe, for the one planned batch",
-            )
-        super().__init__(float_workspace_buffer, kv_layout, backend, jit_args)
+        graph = RaggedGraph(qo_indptr_buf, kv_indptr_buf) if use_cuda_graph else None
+        super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph)
         refuse_set(jit_kwargs=(jit_kwargs, "attnforge has no FlashInfer JIT variants"))
 
     def plan(
@@ -271,7 +271,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             packed_custom_mask,
             slopes,
         )
-        native = _native.RaggedPlan(qo, kv, options, self._device)
+        if self._graph is not None:
+            masks = {"custom_mask": custom_mask, "packed_custom_mask": packed_custom_mask}
+            _refuse_in_graphs(pos_encoding_mode, masks)
+            native = self._graph.plan(qo, kv, options, self._device)
+        else:
+            native = _native.RaggedPlan(qo, kv, options, self._device)
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
         self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 

@@ -2,7 +2,8 @@
 later ``plan`` (other lengths, other pages, a request holding every page of the buffer, empty
 requests), checked against float64 attention after each replay; decode (unsplit, and a long
 single request the planner splits, whose merge is in the graph), the CUDAGraph wrapper with
-``fast_decode_plan`` over buffers the caller writes on the device, an fp8 cache, paged prefill.
+``fast_decode_plan`` over buffers the caller writes on the device, an fp8 cache, paged and ragged
+prefill.
 Skipped without a CUDA device."""
 
 import pytest
@@ -198,3 +199,31 @@ def test_a_replan_beyond_the_captured_cache_is_refused():
     last = torch.tensor([16, 16], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="page id 25"):
         w.plan(indptr, ids, last, HQ, HKV, D, page_size)
+
+
+def test_ragged_prefill_graph_replays_every_plan():
+    batch, rows, keys = 3, 200, 900
+    qo_buf = torch.empty(batch + 1, dtype=torch.int32, device=DEV)
+    kv_buf = torch.empty(batch + 1, dtype=torch.int32, device=DEV)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", True, qo_buf, kv_buf)
+    q = torch.randn(rows, HQ, D, dtype=torch.bfloat16, device=DEV)
+    k = torch.randn(keys, HKV, D, dtype=torch.bfloat16, device=DEV)
+    v = torch.randn(keys, HKV, D, dtype=torch.bfloat16, device=DEV)
+    runs = [([100, 50, 50], [300, 300, 300]), ([1, 198, 1], [1, 800, 99]), ([3, 0, 7], [3, 5, 7])]
+    options = dict(causal=True, q_data_type=torch.bfloat16)
+    w.plan(torch.tensor([0, 100, 150, 200]), torch.tensor([0, 300, 600, 900]), HQ, HKV, D, **options)
+    g, o = capture(lambda: w.run(q, k, v))
+    for qo_lens, kv_lens in runs:
+        qo = torch.tensor([0] + qo_lens).cumsum(0).int()
+        kv = torch.tensor([0] + kv_lens).cumsum(0).int()
+        w.plan(qo, kv, HQ, HKV, D, **options)
+        o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for r in range(batch):
+            qs, ks = slice(int(qo[r]), int(qo[r + 1])), slice(int(kv[r]), int(kv[r + 1]))
+            if qs.start == qs.stop:
+                continue
+            want, _ = reference(q[qs], k[ks], v[ks], causal=True)
+            check(o[qs], want, torch.bfloat16)

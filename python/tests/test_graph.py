@@ -142,8 +142,10 @@ def test_buffers_are_required_and_the_ragged_wrapper_refuses():
         )
     with pytest.raises(ValueError, match="qo_indptr_buf should be a torch.Tensor"):
         fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
-    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
-        fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
+    with pytest.raises(ValueError, match="kv_indptr_buf"):
+        fi.BatchPrefillWithRaggedKVCacheWrapper(
+            ws, "NHD", True, np.zeros(3, np.int32), np.zeros(4, np.int32)
+        )
     with pytest.raises(TypeError, match="fast_decode_plan"):
         fi.fast_decode_plan(fi.BatchPrefillWithPagedKVCacheWrapper(ws), None, None, None, 1, 1, 64, 1)
 
@@ -175,3 +177,29 @@ def test_paged_prefill_replans_within_the_first_plans_rows():
         mask = np.ones(1 + 16, bool)
         w.plan(np.array([0, 1, 2], np.int32), indptr, ids, last, HQ, HKV, D, page_size,
                custom_mask=mask)
+
+
+def test_ragged_prefill_replans_within_the_first_plans_rows():
+    qo_buf, kv_buf = np.zeros(3, np.int32), np.zeros(3, np.int32)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(np.empty(1, np.uint8), "NHD", True, qo_buf, kv_buf)
+    assert w.is_cuda_graph_enabled
+    for qo_lens, kv_lens in (([20, 12], [40, 100]), ([31, 1], [31, 300]), ([0, 2], [5, 2])):
+        qo = np.cumsum([0] + qo_lens).astype(np.int32)
+        kv = np.cumsum([0] + kv_lens).astype(np.int32)
+        w.plan(qo, kv, HQ, HKV, D, causal=True, logits_soft_cap=5.0)
+        np.testing.assert_array_equal(qo_buf, qo)
+        np.testing.assert_array_equal(kv_buf, kv)
+        q, k, v = rand((qo[-1], HQ, D)), rand((kv[-1], HKV, D)), rand((kv[-1], HKV, D))
+        o = w.run(q, k, v)
+        for r in range(2):
+            if qo[r] == qo[r + 1]:
+                continue
+            qs, ks = slice(qo[r], qo[r + 1]), slice(kv[r], kv[r + 1])
+            want, _ = attention(q[qs], k[ks], v[ks], causal=True, soft_cap=5.0)
+            np.testing.assert_allclose(o[qs].astype(np.float64), want, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="cannot exceed the number of rows"):
+        w.plan(np.array([0, 20, 33], np.int32), kv, HQ, HKV, D, causal=True, logits_soft_cap=5.0)
+    with pytest.raises(ValueError, match="batch size should be fixed"):
+        w.plan(np.array([0, 1], np.int32), np.array([0, 1], np.int32), HQ, HKV, D)
+    with pytest.raises(ValueError, match="logits_soft_cap|problem"):
+        w.plan(qo, kv, HQ, HKV, D, causal=True, logits_soft_cap=6.0)
