@@ -132,7 +132,8 @@ class _Wrapper:
         head): read on the host (a device-to-host copy on a GPU), planned on first use of those
         values, the last few kept."""
         if self._graph is not None:
-            refuse("sinks", "<array>", "sinks are read on the host, which use_cuda_graph=True rules out")
+            reason = "sinks are read on the host, which use_cuda_graph=True rules out"
+            refuse("sinks", "<array>", reason)
         values = tuple(A.float_list(sinks, "sinks"))
         plan = self._sink_plans.get(values)
         if plan is None:
@@ -656,9 +657,8 @@ def fast_decode_plan(
     indices into the wrapper's buffers; ``global_override_indptr_cpu``, when given, is the host
     copy of ``indptr`` read instead of it."""
     if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
-        raise TypeError(
-            f"fast_decode_plan plans a BatchDecodeWithPagedKVCacheWrapper, not {type(self).__name__}"
-        )
+        name = type(self).__name__
+        raise TypeError(f"fast_decode_plan plans a BatchDecodeWithPagedKVCacheWrapper, not {name}")
     if global_override_indptr_cpu is not None:
         indptr = global_override_indptr_cpu
     if q_data_type is None and data_type is None:

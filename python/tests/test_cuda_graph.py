@@ -212,7 +212,8 @@ def test_ragged_prefill_graph_replays_every_plan():
     v = torch.randn(keys, HKV, D, dtype=torch.bfloat16, device=DEV)
     runs = [([100, 50, 50], [300, 300, 300]), ([1, 198, 1], [1, 800, 99]), ([3, 0, 7], [3, 5, 7])]
     options = dict(causal=True, q_data_type=torch.bfloat16)
-    w.plan(torch.tensor([0, 100, 150, 200]), torch.tensor([0, 300, 600, 900]), HQ, HKV, D, **options)
+    first = (torch.tensor([0, 100, 150, 200]), torch.tensor([0, 300, 600, 900]))
+    w.plan(*first, HQ, HKV, D, **options)
     g, o = capture(lambda: w.run(q, k, v))
     for qo_lens, kv_lens in runs:
         qo = torch.tensor([0] + qo_lens).cumsum(0).int()

@@ -147,7 +147,8 @@ def test_buffers_are_required_and_the_ragged_wrapper_refuses():
             ws, "NHD", True, np.zeros(3, np.int32), np.zeros(4, np.int32)
         )
     with pytest.raises(TypeError, match="fast_decode_plan"):
-        fi.fast_decode_plan(fi.BatchPrefillWithPagedKVCacheWrapper(ws), None, None, None, 1, 1, 64, 1)
+        prefill = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+        fi.fast_decode_plan(prefill, None, None, None, 1, 1, 64, 1)
 
 
 def test_paged_prefill_replans_within_the_first_plans_rows():
