@@ -2,7 +2,7 @@
 //! every later `PagedPlan::replan` (other lengths, other pages, one request holding every page,
 //! empty requests), checked against the f64 reference each time; decode unsplit and with a KV
 //! split (its merge launch in the graph), paged prefill, and ragged prefill (`PrefillPlan`).
-//! Skipped without a CUDA device.
+//! Skipped without a CUDA device, unless `ATTNFORGE_REQUIRE_GPU=1` (then a missing device fails).
 
 use attnforge::compare::{compare, Tolerance};
 use attnforge::cuda::{
@@ -21,10 +21,14 @@ const HKV: usize = 2;
 const PAGE: usize = 16;
 const PAGES: usize = 48;
 
-/// The engine on device 0, or `None` (the test is skipped) on a machine without one.
+/// The engine on device 0, or `None` (the test is skipped) on a machine without one; with
+/// `ATTNFORGE_REQUIRE_GPU=1` a missing device fails the test instead.
 fn engine() -> Option<Engine> {
     match Engine::new(0) {
         Ok(e) => Some(e),
+        Err(e) if std::env::var("ATTNFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("ATTNFORGE_REQUIRE_GPU=1 and no CUDA device: {e}")
+        }
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
             None
