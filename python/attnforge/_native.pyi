@@ -20,6 +20,10 @@ class RaggedPlan:
         spec: Dict[str, Any],
         device: int,
         lazy: bool = False,
+        graph: Optional[Tuple[int, int]] = None,
+    ) -> None: ...
+    def replan(
+        self, qo_indptr: List[int], kv_indptr: List[int], spec: Dict[str, Any], stream: int
     ) -> None: ...
     def run(
         self,
@@ -42,6 +46,19 @@ class PagedPlan:
         kv_layout: str,
         spec: Dict[str, Any],
         device: int,
+        kv_fp8: Optional[str] = None,
+        graph: Optional[Tuple[int, int, int, int]] = None,
+    ) -> None: ...
+    def replan(
+        self,
+        qo_indptr: List[int],
+        kv_page_indptr: List[int],
+        kv_page_indices: List[int],
+        kv_last_page_len: List[int],
+        page_size: int,
+        kv_layout: str,
+        spec: Dict[str, Any],
+        stream: int,
         kv_fp8: Optional[str] = None,
     ) -> None: ...
     def run(

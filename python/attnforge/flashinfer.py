@@ -18,6 +18,7 @@ import functools
 from . import _arrays as A
 from . import _fp8
 from . import _native
+from ._graph import PagedGraph, RaggedGraph
 from ._common import _finish, _LseShift, _outputs, _slopes
 from ._merge import merge_state, merge_state_in_place, merge_states
 from ._options import check_common, check_run, dtype_code, refuse, refuse_set, spec
@@ -54,32 +55,62 @@ __all__ = [
 ]
 
 
+def _refuse_in_graphs(pos_encoding_mode, masks):
+    """What ``use_cuda_graph=True`` refuses at ``plan``: ALiBi and custom masks (``masks``: the
+    custom mask arguments given, by name)."""
+    if pos_encoding_mode == "ALIBI":
+        refuse(
+            "pos_encoding_mode",
+            pos_encoding_mode,
+            "ALiBi's LSE shift is computed per plan, which a captured graph does not follow",
+        )
+    for name, value in masks.items():
+        if value is not None:
+            refuse(name, "<mask>", "custom masks are not supported with use_cuda_graph=True")
+
+
 # Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
 _SINK_PLANS_MAX = 4
 
 
 class _Wrapper:
-    """What the three wrappers share: the workspace's device, the layout, the CUDA-graph flag."""
+    """What the three wrappers share: the workspace's device, the layout, the CUDA-graph mode
+    (``_graph``: the caller's buffers and the graph-stable plan over them, see ``_graph``)."""
 
-    def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args):
+    def __init__(self, float_workspace_buffer, kv_layout, backend, jit_args, graph=None):
         _check_kv_layout(kv_layout)
         check_common(backend=backend)
         self._lse_shift = None
-        if use_cuda_graph:
-            refuse(
-                "use_cuda_graph",
-                use_cuda_graph,
-                "plans keep their own index arrays; run() after plan() is capture-safe without it",
-            )
         refuse_set(jit_args=(jit_args, "attnforge has no FlashInfer JIT variants"))
         self._kv_fp8 = None
         self._kv_layout = kv_layout
         self._device = A.device_of(float_workspace_buffer)
         self._plan = None
+        self._graph = graph
 
     @property
     def is_cuda_graph_enabled(self):
-        return False
+        return self._graph is not None
+
+    def _graph_plan(self, args, rows_per_request, pos_encoding_mode, custom=None):
+        """``use_cuda_graph``: the plan of ``args`` (``_native.PagedPlan``'s first seven) over
+        the caller's buffers, after FlashInfer's checks and the refusals of what a captured
+        launch cannot follow (``custom``: the custom mask arguments given)."""
+        _refuse_in_graphs(pos_encoding_mode, custom or {})
+        qo, indptr, indices, last = args[:4]
+        g = self._graph
+        g.check(len(last), len(indices), qo[-1])
+        try:
+            native = g.plan(args, self._device, self._kv_fp8, rows_per_request)
+        except Exception:
+            # The wrapper keeps the plan it had, and the dtypes that plan was made for.
+            if self._plan is not None:
+                self._dtype, self._kv_fp8 = self._graph_dtypes
+            raise
+        self._graph_dtypes = (self._dtype, self._kv_fp8)
+        if not getattr(self, "_fast_plan", False):
+            g.write(qo, indptr, indices, last)
+        return native
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Accepted for compatibility: attnforge's plans own their buffers."""
@@ -100,6 +131,9 @@ class _Wrapper:
         """The plan of the planned batch with attention sinks ``sinks`` (one logit per query
         head): read on the host (a device-to-host copy on a GPU), planned on first use of those
         values, the last few kept."""
+        if self._graph is not None:
+            reason = "sinks are read on the host, which use_cuda_graph=True rules out"
+            refuse("sinks", "<array>", reason)
         values = tuple(A.float_list(sinks, "sinks"))
         plan = self._sink_plans.get(values)
         if plan is None:
@@ -173,7 +207,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         jit_args=None,
         jit_kwargs=None,
     ):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        graph = RaggedGraph(qo_indptr_buf, kv_indptr_buf) if use_cuda_graph else None
+        super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph)
         refuse_set(jit_kwargs=(jit_kwargs, "attnforge has no FlashInfer JIT variants"))
 
     def plan(
@@ -237,7 +272,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
             packed_custom_mask,
             slopes,
         )
-        native = _native.RaggedPlan(qo, kv, options, self._device)
+        if self._graph is not None:
+            masks = {"custom_mask": custom_mask, "packed_custom_mask": packed_custom_mask}
+            _refuse_in_graphs(pos_encoding_mode, masks)
+            native = self._graph.plan(qo, kv, options, self._device)
+        else:
+            native = _native.RaggedPlan(qo, kv, options, self._device)
         self._plan = (native, qo[-1], int(num_qo_heads), int(head_dim_vo), int(window_left))
         self._lse_shift = _LseShift.of_batch(slopes, qo, kv)
 
@@ -294,7 +334,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         jit_args=None,
         jit_kwargs=None,
     ):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        graph = None
+        if use_cuda_graph:
+            graph = PagedGraph(
+                paged_kv_indptr_buf,
+                paged_kv_indices_buf,
+                paged_kv_last_page_len_buf,
+                qo_indptr_buf,
+                mode="CUDA graph",
+            )
+        super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph)
         refuse_set(jit_kwargs=(jit_kwargs, "attnforge has no FlashInfer JIT variants"))
 
     def plan(
@@ -376,18 +425,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             packed_custom_mask,
             slopes,
         )
+        args = (qo, indptr, indices, last, int(page_size), self._kv_layout, options)
+        if self._graph is not None:
+            masks = {"custom_mask": custom_mask, "packed_custom_mask": packed_custom_mask}
+            made = self._graph_plan(args, None, pos_encoding_mode, masks)
+        else:
+            made = _native.PagedPlan(*args, self._device, self._kv_fp8)
         native = self._keep_paged(
-            _native.PagedPlan(
-                qo,
-                indptr,
-                indices,
-                last,
-                int(page_size),
-                self._kv_layout,
-                options,
-                self._device,
-                self._kv_fp8,
-            ),
+            made,
             qo,
             indptr,
             indices,
@@ -442,7 +487,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         backend="auto",
         jit_args=None,
     ):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        graph = None
+        if use_cuda_graph:
+            graph = PagedGraph(
+                paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer
+            )
+        super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph)
         self._use_tensor_cores = use_tensor_cores
 
     @property
@@ -504,17 +554,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             alibi_slopes=slopes,
         )
         table = (A.int_list(indices, "indices"), A.int_list(last_page_len, "last_page_len"))
+        args = (qo, page_indptr, *table, int(page_size), self._kv_layout, options)
+        if self._graph is not None:
+            made = self._graph_plan(args, 1, pos_encoding_mode)
+        else:
+            made = _native.PagedPlan(*args, self._device, self._kv_fp8)
         native = self._keep_paged(
-            _native.PagedPlan(
-                qo,
-                page_indptr,
-                *table,
-                int(page_size),
-                self._kv_layout,
-                options,
-                self._device,
-                self._kv_fp8,
-            ),
+            made,
             qo,
             page_indptr,
             *table,
@@ -557,9 +603,11 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
-    """FlashInfer's decode wrapper over caller-provided index buffers for CUDA graphs: refused, as
-    ``use_cuda_graph=True`` is (attnforge's plans keep their own index arrays; ``run`` after
-    ``plan`` of the plain wrapper is capture-safe)."""
+    """The decode wrapper with ``use_cuda_graph=True`` over the caller's ``indptr_buffer``
+    (``[batch + 1]``), ``indices_buffer`` (the most page ids a plan may hold) and
+    ``last_page_len_buffer`` (``[batch]``): every ``plan`` keeps that batch size, writes its
+    table into those buffers and re-plans in place, so that a graph captured around ``run``
+    replays the newest plan."""
 
     def __init__(
         self,
@@ -581,11 +629,63 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         )
 
 
-def fast_decode_plan(self, *args, **kwargs):
-    """FlashInfer's faster replacement of ``BatchDecodeWithPagedKVCacheWrapper.plan`` for CUDA
-    graphs over caller-provided buffers: refused, for the same reason as ``use_cuda_graph``."""
-    refuse(
-        "fast_decode_plan",
-        type(self).__name__,
-        "plans keep their own index arrays; plan() then run() is capture-safe without it",
-    )
+def fast_decode_plan(
+    self,
+    indptr,
+    indices,
+    last_page_len,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    page_size,
+    pos_encoding_mode="NONE",
+    window_left=-1,
+    logits_soft_cap=None,
+    q_data_type=None,
+    kv_data_type=None,
+    data_type=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    non_blocking=True,
+    fixed_split_size=None,
+    disable_split_kv=False,
+    global_override_indptr_cpu=None,
+):
+    """FlashInfer's ``plan`` of a decode wrapper for callers that write the index buffers
+    themselves: the same plan (and the same checks in CUDA-graph mode), without copying the
+    indices into the wrapper's buffers; ``global_override_indptr_cpu``, when given, is the host
+    copy of ``indptr`` read instead of it."""
+    if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
+        name = type(self).__name__
+        raise TypeError(f"fast_decode_plan plans a BatchDecodeWithPagedKVCacheWrapper, not {name}")
+    if global_override_indptr_cpu is not None:
+        indptr = global_override_indptr_cpu
+    if q_data_type is None and data_type is None:
+        q_data_type = "float16"
+    self._fast_plan = True
+    try:
+        BatchDecodeWithPagedKVCacheWrapper.plan(
+            self,
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            data_type=data_type,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            non_blocking=non_blocking,
+            fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv,
+        )
+    finally:
+        self._fast_plan = False

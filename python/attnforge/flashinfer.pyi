@@ -332,4 +332,26 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         use_tensor_cores: bool = False,
     ) -> None: ...
 
-def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, *args: Any, **kwargs: Any) -> None: ...
+def fast_decode_plan(
+    self: BatchDecodeWithPagedKVCacheWrapper,
+    indptr: Array,
+    indices: Array,
+    last_page_len: Array,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    q_data_type: Optional[Any] = None,
+    kv_data_type: Optional[Any] = None,
+    data_type: Optional[Any] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    non_blocking: bool = True,
+    fixed_split_size: Optional[int] = None,
+    disable_split_kv: bool = False,
+    global_override_indptr_cpu: Optional[Array] = None,
+) -> None: ...

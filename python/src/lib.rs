@@ -13,13 +13,15 @@
 //! | `spec` | attention options from Python into an [`attnforge::AttentionProblem`] |
 //! | `cache` | paged KV cache descriptors into a [`attnforge::paged::PagedKvLayout`] |
 //! | `gpu` | engines per device, the caller's stream, borrowed device buffers, uploaded fp8 scales |
-//! | `plans` | the ragged and paged plans (`plan` once, `run` many times), paged over fp8 caches too |
+//! | `plans` | the ragged plans (`plan` once, `run` many times) and what the paged ones share with them |
+//! | `paged_plan` | the paged plans, over fp8 caches too; graph-stable with `use_cuda_graph` |
 //! | `state` | `merge_state(s)` and the paged-cache append (into fp8 caches too) |
 
 mod array;
 mod cache;
 mod errors;
 mod gpu;
+mod paged_plan;
 mod plans;
 mod spec;
 mod state;
@@ -30,7 +32,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plans::RaggedPlan>()?;
-    m.add_class::<plans::PagedPlan>()?;
+    m.add_class::<paged_plan::PagedPlan>()?;
     m.add_function(wrap_pyfunction!(state::merge_state, m)?)?;
     m.add_function(wrap_pyfunction!(state::merge_states, m)?)?;
     m.add_function(wrap_pyfunction!(state::append_paged_kv, m)?)?;

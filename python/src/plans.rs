@@ -1,4 +1,5 @@
-//! The ragged and paged plans: built once by `plan`, run many times.
+//! The ragged plans, and what they share with the paged ones (`paged_plan`): built once by
+//! `plan`, run many times.
 //!
 //! A plan holds the validated problem. On a CUDA device it also holds attnforge's device plans
 //! (kernel compiled, index arrays uploaded) for contiguous queries, keys and values, so `run` on
@@ -7,13 +8,10 @@
 //! of their own on first use (that first run allocates), kept for the next runs.
 
 use crate::array::{ArrayArg, Elem};
-use crate::cache;
 use crate::errors::{invalid, IntoPy};
 use crate::gpu;
 use crate::spec::AttnSpec;
-use attnforge::cuda::{self as ac, DeviceFp8Kv, DevicePagedKv, DeviceTensor, Engine, PlanOptions};
-use attnforge::dtype::fp8::Fp8Format;
-use attnforge::paged::{Fp8Kv, KvScales, KvStorage, PageTable, PagedAttention, PagedKvLayout};
+use attnforge::cuda::{self as ac, DeviceTensor, Engine, GraphCapacity, PlanOptions, SplitChoice};
 use attnforge::problem::TensorView;
 use attnforge::{AttentionOutput, AttentionProblem, DType};
 use pyo3::prelude::*;
@@ -33,12 +31,12 @@ pub fn expect_shape(a: &ArrayArg, name: &str, shape: &[usize]) -> PyResult<()> {
 }
 
 /// Checks that `a` holds elements of the plan's `dtype`.
-fn check_dtype(a: &ArrayArg, name: &str, dtype: DType) -> PyResult<()> {
+pub(crate) fn check_dtype(a: &ArrayArg, name: &str, dtype: DType) -> PyResult<()> {
     check_elem(a, name, Elem::Float(dtype))
 }
 
 /// Checks that `a` holds elements of type `elem`.
-fn check_elem(a: &ArrayArg, name: &str, elem: Elem) -> PyResult<()> {
+pub(crate) fn check_elem(a: &ArrayArg, name: &str, elem: Elem) -> PyResult<()> {
     if a.elem() != elem {
         return Err(invalid(
             name,
@@ -50,7 +48,7 @@ fn check_elem(a: &ArrayArg, name: &str, elem: Elem) -> PyResult<()> {
 
 /// The `[tokens, heads, dim]` view of `a` (element strides), or a `ValueError` when its head dim
 /// is not contiguous.
-fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
+pub(crate) fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
     let s = a.strides();
     if a.shape()[2] > 1 && s[2] != 1 {
         return Err(invalid(
@@ -71,14 +69,18 @@ fn view(a: &ArrayArg, name: &str) -> PyResult<TensorView> {
 /// them: a new plan waits for its uploads before it is used, and dropping the plans waits for
 /// the device to be idle, so that no launch still in flight on the caller's stream reads freed
 /// memory.
-struct DevicePlans<K, P> {
-    engine: Arc<Engine>,
-    plans: Mutex<HashMap<K, Arc<P>>>,
+pub(crate) struct DevicePlans<K, P> {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) plans: Mutex<HashMap<K, Arc<P>>>,
 }
 
 impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
     /// The plan for `key`, made by `build` on first use.
-    fn get(&self, key: K, build: impl FnOnce(&Engine) -> PyResult<P>) -> PyResult<Arc<P>> {
+    pub(crate) fn get(
+        &self,
+        key: K,
+        build: impl FnOnce(&Engine) -> PyResult<P>,
+    ) -> PyResult<Arc<P>> {
         let mut plans = self
             .plans
             .lock()
@@ -93,6 +95,24 @@ impl<K: std::hash::Hash + Eq, P> DevicePlans<K, P> {
     }
 }
 
+impl<K, P> DevicePlans<K, P> {
+    /// Calls `f` on every plan made so far, with its key (graph-stable plans re-planned in
+    /// place: their buffers keep their addresses).
+    pub(crate) fn each_mut(&self, mut f: impl FnMut(&K, &mut P) -> PyResult<()>) -> PyResult<()> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("plan state poisoned"))?;
+        for (key, plan) in plans.iter_mut() {
+            let plan = Arc::get_mut(plan).ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("plan() while a run() uses the plan")
+            })?;
+            f(key, plan)?;
+        }
+        Ok(())
+    }
+}
+
 impl<K, P> Drop for DevicePlans<K, P> {
     fn drop(&mut self) {
         // Best effort: a failed synchronisation is reported by the next call on the device.
@@ -101,7 +121,7 @@ impl<K, P> Drop for DevicePlans<K, P> {
 }
 
 /// Checks `o` (and `lse`) against the problem; on the GPU they must be contiguous.
-fn check_outputs(
+pub(crate) fn check_outputs(
     p: &AttentionProblem,
     o: &ArrayArg,
     lse: Option<&ArrayArg>,
@@ -132,7 +152,11 @@ fn check_outputs(
 }
 
 /// Writes a CPU result into `o` and `lse`.
-fn write_host(out: &AttentionOutput, o: &ArrayArg, lse: Option<&ArrayArg>) -> PyResult<()> {
+pub(crate) fn write_host(
+    out: &AttentionOutput,
+    o: &ArrayArg,
+    lse: Option<&ArrayArg>,
+) -> PyResult<()> {
     o.write_host("out", &out.o)?;
     if let (Some(l), Some(values)) = (lse, &out.lse) {
         l.write_host_f32("lse", values)?;
@@ -141,7 +165,7 @@ fn write_host(out: &AttentionOutput, o: &ArrayArg, lse: Option<&ArrayArg>) -> Py
 }
 
 /// The device outputs, borrowed.
-fn gpu_outputs(
+pub(crate) fn gpu_outputs(
     stream: &Arc<cudarc::driver::CudaStream>,
     p: &AttentionProblem,
     o: &ArrayArg,
@@ -172,23 +196,54 @@ fn views_key(q: &TensorView, k: &TensorView, v: &TensorView) -> Views {
 pub struct RaggedPlan {
     problem: AttentionProblem,
     device: Option<DevicePlans<Views, ac::PrefillPlan>>,
+    /// `use_cuda_graph`: the capacity the device plans are graph-stable for.
+    graph: Option<GraphCapacity>,
+}
+
+/// The device plan of `problem`: graph-stable for `graph` (unsplit: a ragged batch's key count
+/// is not bounded by the caller's buffers), or not.
+fn ragged_plan(
+    engine: &Engine,
+    problem: &AttentionProblem,
+    graph: Option<GraphCapacity>,
+) -> PyResult<ac::PrefillPlan> {
+    match graph {
+        Some(capacity) => {
+            let options = PlanOptions {
+                split: SplitChoice::Unsplit,
+                ..PlanOptions::default()
+            };
+            ac::PrefillPlan::graph_stable(engine, problem, options, capacity)
+        }
+        None => ac::PrefillPlan::new(engine, problem),
+    }
+    .py()
 }
 
 #[pymethods]
 impl RaggedPlan {
     /// Plans the problem on `device` (a CUDA ordinal, or -1 for the CPU backend). On a GPU the
     /// device plan for contiguous inputs is made now, unless `lazy` (a plan run once, on inputs
-    /// whose strides it does not know yet: the first `run` makes the plan it needs).
+    /// whose strides it does not know yet: the first `run` makes the plan it needs). With
+    /// `graph` (`max_batch, max_qo_tokens`), the device plans are graph-stable
+    /// (`use_cuda_graph`): `replan` writes later batches within that capacity into their buffers.
     #[new]
-    #[pyo3(signature = (qo_indptr, kv_indptr, spec, device, lazy = false))]
+    #[pyo3(signature = (qo_indptr, kv_indptr, spec, device, lazy = false, graph = None))]
     fn new(
         qo_indptr: Vec<i32>,
         kv_indptr: Vec<i32>,
         spec: AttnSpec,
         device: i64,
         lazy: bool,
+        graph: Option<(usize, usize)>,
     ) -> PyResult<Self> {
         let problem = spec.ragged_problem(qo_indptr, kv_indptr)?;
+        let graph = graph.map(|(max_batch, max_qo_tokens)| GraphCapacity {
+            max_batch,
+            max_qo_tokens,
+            max_qo_len: max_qo_tokens,
+            max_kv_tokens: i32::MAX as usize,
+        });
         let device = match usize::try_from(device) {
             Err(_) => None,
             Ok(ordinal) => {
@@ -198,12 +253,54 @@ impl RaggedPlan {
                 };
                 if !lazy {
                     let key = views_key(&problem.q_view, &problem.k_view, &problem.v_view);
-                    device.get(key, |e| ac::PrefillPlan::new(e, &problem).py())?;
+                    device.get(key, |e| ragged_plan(e, &problem, graph))?;
                 }
                 Some(device)
             }
         };
-        Ok(RaggedPlan { problem, device })
+        Ok(RaggedPlan {
+            problem,
+            device,
+            graph,
+        })
+    }
+
+    /// Re-plans a graph-stable plan (made with `graph`) for a new batch with the same heads, head
+    /// dims, dtypes and options: checked against the capacity, then written into the device
+    /// plans' buffers on `stream` (no allocation), so that a graph captured around an earlier
+    /// `run` replays this batch.
+    fn replan(
+        &mut self,
+        qo_indptr: Vec<i32>,
+        kv_indptr: Vec<i32>,
+        spec: AttnSpec,
+        stream: u64,
+    ) -> PyResult<()> {
+        let Some(capacity) = self.graph else {
+            return Err(invalid(
+                "use_cuda_graph",
+                "replan() needs a plan made for CUDA graphs",
+            ));
+        };
+        let problem = spec.ragged_problem(qo_indptr, kv_indptr)?;
+        capacity.check(&problem.batch).py()?;
+        ac::check_replan(&self.problem, &problem).py()?;
+        if let Some(device) = &self.device {
+            let stream = gpu::stream(&device.engine, stream);
+            device.each_mut(|&[qt, qh, kt, kh, vt, vh], plan| {
+                let mut p = problem.clone();
+                let strided = |token_stride, head_stride| TensorView {
+                    offset: 0,
+                    token_stride,
+                    head_stride,
+                };
+                (p.q_view, p.k_view, p.v_view) =
+                    (strided(qt, qh), strided(kt, kh), strided(vt, vh));
+                plan.replan(&stream, &p).py()
+            })?;
+        }
+        self.problem = problem;
+        Ok(())
     }
 
     /// Runs on `q [total_qo, Hq, Dqk]`, `k [total_kv, Hkv, Dqk]`, `v [total_kv, Hkv, Dvo]` into
@@ -260,7 +357,7 @@ impl RaggedPlan {
                 let plan = device.get(views_key(&qv, &kv_, &vv), |e| {
                     let mut vp = p.clone();
                     (vp.q_view, vp.k_view, vp.v_view) = (qv, kv_, vv);
-                    ac::PrefillPlan::new(e, &vp).py()
+                    ragged_plan(e, &vp, self.graph)
                 })?;
                 let stream = gpu::stream(&device.engine, stream);
                 let dt = p.input_dtype;
@@ -278,301 +375,11 @@ impl RaggedPlan {
     }
 }
 
-fn device_mismatch(planned: Option<&Arc<Engine>>, given: Option<usize>) -> PyErr {
+pub(crate) fn device_mismatch(planned: Option<&Arc<Engine>>, given: Option<usize>) -> PyErr {
     let planned = planned.map_or("cpu".into(), |e| format!("cuda:{}", e.info().ordinal));
     let given = given.map_or("cpu".into(), |o| format!("cuda:{o}"));
     invalid(
         "q",
         format!("is on {given} but the plan was made for {planned}"),
     )
-}
-
-type PagedKey = (KvStorage, usize, usize);
-
-/// A paged plan (`BatchPrefillWithPagedKVCacheWrapper`, `BatchDecodeWithPagedKVCacheWrapper`),
-/// over a cache of the problem's dtype or of fp8 codes (`kv_fp8`).
-#[pyclass(module = "attnforge._native")]
-pub struct PagedPlan {
-    problem: AttentionProblem,
-    table: PageTable,
-    /// The layout planned for, with the smallest page count the table allows.
-    layout: PagedKvLayout,
-    /// The cache's fp8 format, `None` for pages of the problem's dtype.
-    kv_fp8: Option<Fp8Format>,
-    device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
-}
-
-/// The fp8 format named by a plan's `kv_fp8` (`e4m3`, `e5m2`, or PyTorch's spellings).
-fn fp8_format(kv_fp8: Option<&str>) -> PyResult<Option<Fp8Format>> {
-    kv_fp8
-        .map(|name| {
-            Fp8Format::parse(name).ok_or_else(|| {
-                invalid(
-                    "kv_data_type",
-                    format!("{name:?} is not an fp8 format (e4m3, e5m2)"),
-                )
-            })
-        })
-        .transpose()
-}
-
-/// The scales of an fp8 run: `k_scale` and `v_scale` (1 entry each, or one per KV head), 1.0
-/// where not given.
-fn run_scales(k_scale: Option<Vec<f32>>, v_scale: Option<Vec<f32>>) -> KvScales {
-    KvScales {
-        k: k_scale.unwrap_or_else(|| vec![1.0]),
-        v: v_scale.unwrap_or_else(|| vec![1.0]),
-    }
-}
-
-impl PagedPlan {
-    /// The paged problem over a cache laid out as `layout`.
-    fn paged(
-        &self,
-        layout: PagedKvLayout,
-        q_view: TensorView,
-        return_lse: bool,
-    ) -> PyResult<PagedAttention> {
-        let mut p = self.problem.clone();
-        p.q_view = q_view;
-        p.return_lse = return_lse;
-        PagedAttention::new(p, layout, self.table.clone()).py()
-    }
-}
-
-#[pymethods]
-impl PagedPlan {
-    /// Plans queries `qo_indptr` over the pages of the table, `page_size` tokens each, laid out
-    /// as `kv_layout`, on `device` (a CUDA ordinal, or -1 for the CPU backend); `kv_fp8` names
-    /// the fp8 format of the cache's codes (`e4m3`, `e5m2`), or is `None` for pages of the
-    /// problem's dtype.
-    #[new]
-    #[pyo3(signature = (
-        qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
-        device, kv_fp8 = None
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        qo_indptr: Vec<i32>,
-        kv_page_indptr: Vec<i32>,
-        kv_page_indices: Vec<i32>,
-        kv_last_page_len: Vec<i32>,
-        page_size: usize,
-        kv_layout: &str,
-        spec: AttnSpec,
-        device: i64,
-        kv_fp8: Option<&str>,
-    ) -> PyResult<Self> {
-        let kv_fp8 = fp8_format(kv_fp8)?;
-        let table = PageTable {
-            kv_page_indptr,
-            kv_page_indices,
-            kv_last_page_len,
-        };
-        let num_pages = table
-            .kv_page_indices
-            .iter()
-            .map(|&i| i.max(0) as usize + 1)
-            .max()
-            .unwrap_or(1);
-        let layout = PagedKvLayout {
-            num_pages,
-            page_size,
-            num_kv_heads: spec.num_kv_heads,
-            head_dims: spec.head_dims()?,
-            order: cache::order(kv_layout)?,
-            storage: KvStorage::Separate,
-            dtype: spec.dtype()?,
-        };
-        let p = PagedAttention::problem_for(qo_indptr, spec.num_qo_heads, &layout, &table).py()?;
-        let problem = spec.apply(p)?;
-        let mut plan = PagedPlan {
-            layout,
-            problem,
-            table,
-            kv_fp8,
-            device: None,
-        };
-        let contiguous = plan.problem.q_view;
-        plan.paged(layout, contiguous, true)?;
-        if let Ok(ordinal) = usize::try_from(device) {
-            let device = DevicePlans {
-                engine: gpu::engine(ordinal)?,
-                plans: Mutex::new(HashMap::new()),
-            };
-            let mut storages = vec![KvStorage::Separate];
-            if layout.head_dims.qk() == layout.head_dims.vo() {
-                storages.push(KvStorage::Combined);
-            }
-            for storage in storages {
-                let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
-                let key = (storage, contiguous.token_stride, contiguous.head_stride);
-                device.get(key, |e| {
-                    ac::PagedPlan::with_kv_fp8(e, &paged, kv_fp8, PlanOptions::default()).py()
-                })?;
-            }
-            plan.device = Some(device);
-        }
-        Ok(plan)
-    }
-
-    /// Runs on `q [total_qo, Hq, Dqk]` over `cache` (one combined array, or a (K, V) pair) into
-    /// `o` and, if given, `lse` (natural log); `stream` is the CUDA stream for device arrays.
-    /// The arrays are numpy arrays or torch tensors. An fp8 plan's cache holds codes of its
-    /// format (numpy: `uint8`), dequantised with `k_scale` and `v_scale` (one entry, or one per KV
-    /// head; 1.0 when not given); a plain plan takes no scales.
-    #[pyo3(signature = (q, cache, o, lse, stream, k_scale = None, v_scale = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        py: Python<'_>,
-        q: &Bound<'_, PyAny>,
-        cache: &Bound<'_, PyAny>,
-        o: &Bound<'_, PyAny>,
-        lse: Option<&Bound<'_, PyAny>>,
-        stream: u64,
-        k_scale: Option<Vec<f32>>,
-        v_scale: Option<Vec<f32>>,
-    ) -> PyResult<()> {
-        let q = ArrayArg::read(q, "q")?;
-        let cache = cache::arrays(cache, self.kv_fp8)?;
-        let scales =
-            match self.kv_fp8 {
-                Some(_) => Some(run_scales(k_scale, v_scale)),
-                None if k_scale.is_some() || v_scale.is_some() => return Err(invalid(
-                    "k_scale",
-                    "scales dequantise an fp8 cache; the plan is for a cache of the query's dtype",
-                )),
-                None => None,
-            };
-        let o = ArrayArg::read_out(o, "out")?;
-        let lse = lse.map(|l| ArrayArg::read_out(l, "lse")).transpose()?;
-        let p = &self.problem;
-        expect_shape(
-            &q,
-            "q",
-            &[p.batch.total_qo(), p.num_qo_heads, p.head_dims.qk()],
-        )?;
-        check_dtype(&q, "q", p.input_dtype)?;
-        let order = match self.layout.order {
-            attnforge::paged::KvOrder::Nhd => "NHD",
-            attnforge::paged::KvOrder::Hnd => "HND",
-        };
-        let layout = cache::layout(&cache, order, p.input_dtype)?;
-        let elem = self.kv_fp8.map_or(Elem::Float(p.input_dtype), Elem::Fp8);
-        check_elem(&cache[0], "paged_kv_cache", elem)?;
-        for (what, planned, given) in [
-            ("page_size", self.layout.page_size, layout.page_size),
-            (
-                "num_kv_heads",
-                self.layout.num_kv_heads,
-                layout.num_kv_heads,
-            ),
-            (
-                "head_dim_qk",
-                self.layout.head_dims.qk(),
-                layout.head_dims.qk(),
-            ),
-            (
-                "head_dim_vo",
-                self.layout.head_dims.vo(),
-                layout.head_dims.vo(),
-            ),
-        ] {
-            if planned != given {
-                return Err(invalid(
-                    "paged_kv_cache",
-                    format!("has {what} {given}; the plan's is {planned}"),
-                ));
-            }
-        }
-        let mut arrays = vec![("q", &q), ("out", &o)];
-        arrays.extend(cache.iter().map(|a| ("paged_kv_cache", a)));
-        arrays.extend(lse.as_ref().map(|l| ("lse", l)));
-        let on = gpu::common_device(&arrays)?;
-        check_outputs(p, &o, lse.as_ref(), on.is_some())?;
-        match (&self.device, on) {
-            (None, None) => {
-                let paged = self.paged(layout, p.q_view, lse.is_some())?;
-                py.detach(|| {
-                    let q = q.read_host("q")?;
-                    let out = match &scales {
-                        Some(scales) => {
-                            let codes = cache::read_host_codes(&cache)?;
-                            let pages = cache::host_view(&codes);
-                            attnforge::cpu::paged_attention(&paged, &q, Fp8Kv { pages, scales })
-                        }
-                        None => {
-                            let buffers = cache::read_host(&cache)?;
-                            attnforge::cpu::paged_attention(&paged, &q, cache::host_view(&buffers))
-                        }
-                    }
-                    .py()?;
-                    write_host(&out, &o, lse.as_ref())
-                })
-            }
-            (Some(device), Some(ordinal)) if device.engine.info().ordinal == ordinal => {
-                for (i, a) in cache.iter().enumerate() {
-                    if !a.is_contiguous() {
-                        return Err(invalid(
-                            &format!("paged_kv_cache[{i}]"),
-                            "must be contiguous on a CUDA device (or the two halves of one combined cache)",
-                        ));
-                    }
-                }
-                if layout.num_pages < self.layout.num_pages {
-                    return Err(invalid(
-                        "paged_kv_cache",
-                        format!(
-                            "has {} pages; the page table uses page ids up to {}",
-                            layout.num_pages,
-                            self.layout.num_pages - 1
-                        ),
-                    ));
-                }
-                let qv = view(&q, "q")?;
-                let storage = layout.storage;
-                let plan = device.get((storage, qv.token_stride, qv.head_stride), |e| {
-                    let planned = PagedKvLayout {
-                        storage,
-                        ..self.layout
-                    };
-                    let paged = self.paged(planned, qv, true)?;
-                    ac::PagedPlan::with_kv_fp8(e, &paged, self.kv_fp8, PlanOptions::default()).py()
-                })?;
-                let stream = gpu::stream(&device.engine, stream);
-                let dt = p.input_dtype;
-                let qd = gpu::borrow(&stream, &q, "q", dt)?;
-                let (mut od, mut ld) = gpu_outputs(&stream, p, &o, lse.as_ref())?;
-                if let (Some(scales), Some(format)) = (&scales, self.kv_fp8) {
-                    let scales = gpu::kv_scales(&device.engine, &layout, format, scales)?;
-                    let bufs = cache
-                        .iter()
-                        .map(|a| gpu::borrow_codes(&stream, a, "paged_kv_cache"))
-                        .collect::<PyResult<Vec<_>>>()?;
-                    let kv = DeviceFp8Kv {
-                        pages: device_pages(&bufs)?,
-                        scales: &scales,
-                    };
-                    return plan.run_fp8_on(&stream, &qd, kv, &mut od, ld.as_mut()).py();
-                }
-                let bufs = cache
-                    .iter()
-                    .map(|a| gpu::borrow(&stream, a, "paged_kv_cache", dt))
-                    .collect::<PyResult<Vec<_>>>()?;
-                plan.run_on(&stream, &qd, device_pages(&bufs)?, &mut od, ld.as_mut())
-                    .py()
-            }
-            (planned, given) => Err(device_mismatch(planned.as_ref().map(|d| &d.engine), given)),
-        }
-    }
-}
-
-/// The device cache over one (combined) or two (separate) borrowed buffers.
-fn device_pages<B>(bufs: &[B]) -> PyResult<DevicePagedKv<'_, B>> {
-    match bufs {
-        [kv] => Ok(DevicePagedKv::Combined(kv)),
-        [k, v] => Ok(DevicePagedKv::Separate { k, v }),
-        _ => Err(invalid("paged_kv_cache", "expected one or two arrays")),
-    }
 }

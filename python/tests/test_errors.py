@@ -36,8 +36,8 @@ def test_single_prefill_refuses(kwargs, name):
 
 def test_wrappers_refuse():
     ws = np.empty(1, np.uint8)
-    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
-        fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
+    with pytest.raises(ValueError, match="qo_indptr_buf"):
+        fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(NotImplementedError, match="kv_data_type"):
         w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type="float16", kv_data_type="bfloat16")
@@ -114,10 +114,10 @@ def test_merge_rejects_nan_lse():
         fi.merge_state(v, s.astype(np.float16), v, s)
 
 
-def test_cuda_graph_decode_wrapper_and_fast_plan_are_refused():
+def test_cuda_graph_decode_wrapper_needs_consistent_buffers():
     ws = np.empty(1, np.uint8)
     idx = np.zeros(4, np.int32)
-    with pytest.raises(NotImplementedError, match="use_cuda_graph"):
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
         fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, idx, idx, idx)
-    with pytest.raises(NotImplementedError, match="fast_decode_plan"):
-        fi.fast_decode_plan(fi.BatchDecodeWithPagedKVCacheWrapper(ws))
+    with pytest.raises(TypeError, match="fast_decode_plan"):
+        fi.fast_decode_plan(object(), idx, idx, idx, 1, 1, 64, 1)

@@ -8,7 +8,7 @@
 //! replays the plan's batch shape (lengths, split, work list); between replays the caller may
 //! write new K/V contents and new queries into the same buffers and rewrite the page ids with
 //! [`PagedPlan::update_page_indices`] (same pages per request, checked against the cache).
-//! Different lengths need a new plan (and a new capture).
+//! Different lengths need a new plan (and a new capture), or a graph-stable plan ([`graph`]).
 //!
 //! Caches of the layout's dtype and of fp8 codes (`super::fp8`) share one run, one append and one
 //! run on host tensors, written once over [`CacheBuffer`], the trait that holds what differs
@@ -32,6 +32,10 @@ use crate::tensor::HostTensor;
 use crate::{AttentionOutput, Error};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
+
+mod graph;
+
+pub use graph::PagedGraphCapacity;
 
 /// The cache buffers on the device, as the layout's storage says: device tensors of the
 /// layout's dtype, or fp8 codes (`DevicePagedKv<'_, DeviceFp8Tensor>`, read through
@@ -230,6 +234,8 @@ pub struct PagedPlan {
     kernel_pages: (usize, i64, i64),
     page_indptr: CudaSlice<i32>,
     page_indices: CudaSlice<i32>,
+    /// Graph-stable plans only: the capacity their buffers are sized for.
+    graph: Option<PagedGraphCapacity>,
 }
 
 /// Element strides of K (`true`) or V in the cache, read off the layout's own address function
@@ -290,6 +296,7 @@ impl PagedPlan {
             page_indptr: upload(engine, &kp.table.kv_page_indptr, "kv_page_indptr")?,
             page_indices: upload(engine, &kp.table.kv_page_indices, "kv_page_indices")?,
             table,
+            graph: None,
         })
     }
 

@@ -25,6 +25,11 @@ use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::Arc;
 
+mod graph;
+
+use graph::{check_graph_problem, graph_split, padded_work, work_capacity, GraphState};
+pub use graph::{check_replan, GraphCapacity};
+
 /// log2(e), folded into the scale when the variant has no transform.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
@@ -94,6 +99,35 @@ pub(crate) fn upload<T: DeviceRepr + Default + Copy>(
     Ok(memory::upload(engine.stream(), data, what)?)
 }
 
+/// Writes `data` over the first elements of `dst` on `stream` (the address stays); an error when
+/// `dst` is too short.
+pub(crate) fn memory_write<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    data: &[T],
+    dst: &mut CudaSlice<T>,
+    what: &str,
+) -> Result<(), Error> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if data.len() > dst.len() {
+        return Err(crate::cuda::CudaError::Buffer {
+            name: "graph-stable plan",
+            reason: format!(
+                "{what} needs {} entries; its buffer holds {}",
+                data.len(),
+                dst.len()
+            ),
+        }
+        .into());
+    }
+    use crate::cuda::error::DriverContext;
+    stream
+        .memcpy_htod(data, dst)
+        .during(format!("rewriting {what}"))?;
+    Ok(())
+}
+
 /// What a caller may set when planning; the defaults are the planner's choices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -142,6 +176,10 @@ pub(crate) struct KernelPlan {
     workspace: Option<Workspace>,
     work: CudaSlice<i32>,
     arrays: ProblemArrays,
+    /// CTA slots of the device (SMs x resident CTAs), the work list's launch order is for.
+    slots: usize,
+    /// Graph-stable plans only: what construction fixed ([`graph`]).
+    graph: Option<GraphState>,
 }
 
 /// Refuses a tile that is not built for `arch` (a forced `PlanOptions::tile`; the planner picks
@@ -192,6 +230,24 @@ fn persistent_work(slots: usize, items: Vec<(usize, WorkItem)>) -> (u32, Vec<i32
     (grid as u32, work)
 }
 
+/// The work list of a plan (not graph-stable) and its CTA count: one CTA per item, or with the
+/// warp-specialised tile the persistent launch over the items ([`persistent_work`]).
+fn work_list(
+    problem: &AttentionProblem,
+    tile: TileConfig,
+    cta_q: usize,
+    split: Option<&KvSplit>,
+    slots: usize,
+) -> (usize, Vec<i32>) {
+    if tile.warp_specialized {
+        let (grid, work) = persistent_work(slots, item_costs(problem, cta_q, split, slots));
+        (grid as usize, work)
+    } else {
+        let items = prefill_work(problem, cta_q, split, slots);
+        (items.len(), items.into_iter().flatten().collect())
+    }
+}
+
 impl KernelPlan {
     /// Plans `problem` (already validated by the caller) with K/V from `kv`, as `options` say.
     pub fn new(
@@ -211,6 +267,35 @@ impl KernelPlan {
         kv_fp8: Option<Fp8Format>,
         options: PlanOptions,
     ) -> Result<KernelPlan, Error> {
+        KernelPlan::build(engine, problem, kv, kv_fp8, options, None)
+    }
+
+    /// [`with_kv_fp8`](Self::with_kv_fp8), graph-stable: every later plan within `capacity` is
+    /// written into this plan's arrays by [`replan`](Self::replan), and a graph captured around
+    /// [`launch`](Self::launch) replays it ([`graph`]).
+    pub fn graph_stable(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        kv_fp8: Option<Fp8Format>,
+        options: PlanOptions,
+        capacity: GraphCapacity,
+    ) -> Result<KernelPlan, Error> {
+        KernelPlan::build(engine, problem, kv, kv_fp8, options, Some(capacity))
+    }
+
+    fn build(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        kv: KvCache,
+        kv_fp8: Option<Fp8Format>,
+        options: PlanOptions,
+        capacity: Option<GraphCapacity>,
+    ) -> Result<KernelPlan, Error> {
+        if let Some(cap) = &capacity {
+            cap.check(&problem.batch)?;
+            check_graph_problem(problem, &options)?;
+        }
         let sm_count = engine.info().sm_count as usize;
         let arch = plan_arch(options.tiles_of, engine.info().arch)?;
         let tile = options
@@ -224,18 +309,19 @@ impl KernelPlan {
         let cta_q = spec.tile.cta_q() as usize;
         let kv_tile = spec.tile.kv_tile as usize;
         let slots = sm_count * kernel.ctas_per_sm.max(1) as usize;
-        let planned = if spec.tile.supports_kv_split() {
-            choose_kv_split(
-                problem,
-                cta_q,
-                kv_tile,
-                split_slots(spec.tile, sm_count, kernel.ctas_per_sm),
-            )
-        } else {
-            None
+        let split_slots = split_slots(spec.tile, sm_count, kernel.ctas_per_sm);
+        let split = match &capacity {
+            Some(cap) => graph_split(problem, cap, (cta_q, kv_tile, split_slots), options.split)?,
+            None => {
+                let planned = if spec.tile.supports_kv_split() {
+                    choose_kv_split(problem, cta_q, kv_tile, split_slots)
+                } else {
+                    None
+                };
+                let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
+                options.split.resolve(planned, max_kv, kv_tile)?
+            }
         };
-        let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
-        let split = options.split.resolve(planned, max_kv, kv_tile)?;
         if split.is_some() && !spec.tile.supports_kv_split() {
             return Err(Error::Unsupported {
                 backend: "cuda",
@@ -245,33 +331,36 @@ impl KernelPlan {
                         .into(),
             });
         }
-        let (items, costs): (Vec<WorkItem>, Vec<usize>) = if spec.tile.warp_specialized {
-            item_costs(problem, cta_q, split.as_ref(), slots)
-                .into_iter()
-                .map(|(cost, item)| (item, cost))
-                .unzip()
-        } else {
-            (
-                prefill_work(problem, cta_q, split.as_ref(), slots),
-                Vec::new(),
-            )
+        let graph = capacity.map(|cap| GraphState {
+            capacity: cap,
+            items: work_capacity(
+                &cap,
+                problem.num_kv_heads,
+                problem.group_size(),
+                cta_q,
+                split.as_ref(),
+            ),
+            split_batch: split.map(|_| (problem.batch.len(), problem.batch.total_qo())),
+        });
+        let (num_work, work) = match &graph {
+            Some(g) => (
+                g.items,
+                padded_work(problem, (cta_q, slots), split.as_ref(), g.items)?,
+            ),
+            None => work_list(problem, spec.tile, cta_q, split.as_ref(), slots),
         };
-        let num_work = u32::try_from(items.len())
+        let num_work = u32::try_from(num_work)
             .ok()
             .filter(|&n| n <= i32::MAX as u32)
             .ok_or_else(|| Error::Unsupported {
                 backend: "the CUDA backend",
-                what: format!("a launch of {} CTAs", items.len()),
+                what: format!("a launch of {num_work} CTAs"),
                 supported: format!("at most {} CTAs per launch (the grid's x limit)", i32::MAX),
             })?;
-        let (num_work, work) = if spec.tile.warp_specialized {
-            persistent_work(slots, costs.into_iter().zip(items).collect())
-        } else {
-            (num_work, items.into_iter().flatten().collect())
-        };
         let workspace = match &split {
             Some(s) => {
-                let rows = problem.batch.total_qo() * problem.num_qo_heads * s.max_chunks;
+                let tokens = capacity.map_or(problem.batch.total_qo(), |c| c.max_qo_tokens);
+                let rows = tokens * problem.num_qo_heads * s.max_chunks;
                 let stream = engine.stream();
                 Some(Workspace {
                     o: memory::zeros::<f32>(
@@ -284,6 +373,10 @@ impl KernelPlan {
             }
             None => None,
         };
+        let arrays = match &capacity {
+            Some(cap) => ProblemArrays::upload_with_capacity(engine, problem, cap.max_batch)?,
+            None => ProblemArrays::upload(engine, problem)?,
+        };
         Ok(KernelPlan {
             problem: problem.clone(),
             spec,
@@ -293,15 +386,17 @@ impl KernelPlan {
             split,
             workspace,
             work: upload(engine, &work, "work list")?,
-            arrays: ProblemArrays::upload(engine, problem)?,
+            arrays,
+            slots,
+            graph,
         })
     }
 
     /// The K and V tensor maps of a launch whose kernel copies whole tiles by the tensor memory
-    /// accelerator (`KernelSpec::copies_kv_by_tma`); `None` for the other kernels and for views
-    /// the accelerator cannot address.
+    /// accelerator (`KernelSpec::copies_kv_by_tma`); `None` for the other kernels, for views
+    /// the accelerator cannot address, and for graph-stable plans (a map holds the key count).
     fn kv_tensor_maps(&self, kv: KvAddress) -> (Option<TmaMap>, Option<TmaMap>) {
-        if !self.spec.copies_kv_by_tma() || kv.pages.is_some() {
+        if !self.spec.copies_kv_by_tma() || kv.pages.is_some() || self.graph.is_some() {
             return (None, None);
         }
         let p = &self.problem;

@@ -5,12 +5,15 @@
 //! work items, the custom mask, the variant's arrays). [`PrefillPlan::run`] then only checks the
 //! buffers, fills the parameter block and launches on the engine's stream: no allocation, no
 //! synchronisation. The plan owns the problem, so a variant or mask parameter can never be lost
-//! between planning and running.
+//! between planning and running. [`PrefillPlan::graph_stable`] makes a plan that
+//! [`PrefillPlan::replan`] rewrites in place for each later batch within a capacity, so that a
+//! CUDA graph captured once around [`PrefillPlan::run_on`] replays them all (`plan`'s graph
+//! module).
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
-use super::plan::{KernelPlan, KvAddress, PlanOptions, QoAddress, ROW_ALIGNMENT};
+use super::plan::{GraphCapacity, KernelPlan, KvAddress, PlanOptions, QoAddress, ROW_ALIGNMENT};
 use super::schedule::KvSplit;
 use crate::codegen::{KernelSpec, KvCache};
 use crate::dtype::DType;
@@ -137,6 +140,48 @@ impl PrefillPlan {
         Ok(PrefillPlan {
             plan: KernelPlan::new(engine, problem, KvCache::Ragged, options)?,
         })
+    }
+
+    /// [`with_options`](Self::with_options), graph-stable for every later batch within
+    /// `capacity` ([`replan`](Self::replan)). K and V are read without tensor maps (a map holds
+    /// the key count); custom masks and the warp-specialised tile are refused.
+    pub fn graph_stable(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        options: PlanOptions,
+        capacity: GraphCapacity,
+    ) -> Result<PrefillPlan, Error> {
+        problem.validate()?;
+        for (name, view) in [
+            ("q", &problem.q_view),
+            ("k", &problem.k_view),
+            ("v", &problem.v_view),
+        ] {
+            check_view_alignment(name, view)?;
+        }
+        Ok(PrefillPlan {
+            plan: KernelPlan::graph_stable(
+                engine,
+                problem,
+                KvCache::Ragged,
+                None,
+                options,
+                capacity,
+            )?,
+        })
+    }
+
+    /// Re-plans a graph-stable plan for `problem`: any batch within the capacity, everything
+    /// else as planned ([`super::check_replan`]). Writes the new work list and index pointers
+    /// into the plan's buffers on `stream` (no allocation); a graph captured around an earlier
+    /// run and replayed on `stream` afterwards runs this batch.
+    pub fn replan(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        problem: &AttentionProblem,
+    ) -> Result<(), Error> {
+        problem.validate()?;
+        self.plan.replan(stream, problem)
     }
 
     /// The kernel this plan runs.

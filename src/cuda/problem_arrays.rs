@@ -1,9 +1,11 @@
 //! The device copies of a problem's own arrays, which every kernel launched for it reads: the
 //! index pointers, the custom mask and the variant's parameter arrays. The prefill and paged
-//! plans and the reference kernel upload them through [`ProblemArrays`] alike.
+//! plans and the reference kernel upload them through [`ProblemArrays`] alike. A graph-stable
+//! plan's index pointers are sized for its capacity and rewritten in place
+//! ([`ProblemArrays::rewrite`]).
 
 use super::engine::Engine;
-use super::plan::upload;
+use super::plan::{memory_write, upload};
 use crate::codegen::{self, VariantLayout};
 use crate::problem::{AttentionProblem, Mask, ParamValue};
 use crate::Error;
@@ -60,6 +62,57 @@ impl ProblemArrays {
             variant_arrays,
             variant_values,
         })
+    }
+
+    /// [`upload`](Self::upload) with index pointers room for `max_batch` requests, so that
+    /// [`rewrite`](Self::rewrite) can write any batch up to that size at the same addresses.
+    pub fn upload_with_capacity(
+        engine: &Engine,
+        problem: &AttentionProblem,
+        max_batch: usize,
+    ) -> Result<ProblemArrays, Error> {
+        let mut arrays = ProblemArrays::upload(engine, problem)?;
+        let room = |indptr: &[i32]| {
+            let mut v = indptr.to_vec();
+            v.resize(
+                (max_batch + 1).max(indptr.len()),
+                *indptr.last().unwrap_or(&0),
+            );
+            v
+        };
+        arrays.qo_indptr = upload(engine, &room(&problem.batch.qo_indptr), "qo_indptr")?;
+        arrays.kv_indptr = upload(engine, &room(&problem.batch.kv_indptr), "kv_indptr")?;
+        Ok(arrays)
+    }
+
+    /// Writes the index pointers of `problem` over the uploaded ones on `stream`, in place. The
+    /// other arrays stay: `problem` must have no custom mask and the same variant parameters
+    /// (an error otherwise).
+    pub fn rewrite(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        problem: &AttentionProblem,
+    ) -> Result<(), Error> {
+        let values = codegen::param_values(&problem.variant, problem.qk_scaling().post_scale);
+        if values != self.variant_values || matches!(problem.mask, Mask::Custom(_)) {
+            return Err(crate::problem::InvalidProblem::new(
+                "variant",
+                "a graph-stable plan keeps its variant's parameters and has no custom mask",
+            )
+            .into());
+        }
+        memory_write(
+            stream,
+            &problem.batch.qo_indptr,
+            &mut self.qo_indptr,
+            "qo_indptr",
+        )?;
+        memory_write(
+            stream,
+            &problem.batch.kv_indptr,
+            &mut self.kv_indptr,
+            "kv_indptr",
+        )
     }
 
     /// Device addresses of `qo_indptr` and `kv_indptr`.

@@ -1,0 +1,150 @@
+"""``use_cuda_graph=True``: the wrappers over the caller's fixed-capacity index buffers.
+
+A paged wrapper is built over the caller's buffers (``paged_kv_indptr_buffer``,
+``..._indices_...``, ``..._last_page_len_...``, and for prefill ``qo_indptr_buf``), the ragged
+one over ``qo_indptr_buf`` and ``kv_indptr_buf``: their lengths fix the batch size and the most
+page ids a plan may hold. The first ``plan`` makes a graph-stable native plan for
+that capacity (its own device arrays, a launch grid for the largest batch it allows); every later
+``plan`` checks the new batch against the capacity as FlashInfer does, writes it into the
+caller's buffers and re-plans the native plan in place on the current stream, so that a CUDA
+graph captured once around ``run`` replays the newest plan. What a captured launch holds by value
+(heads, head dims, dtypes, page size, layout, mask, scale, soft cap) stays that of the first plan:
+a plan that changes it raises ``ValueError``.
+"""
+
+from . import _arrays as A
+from . import _native
+
+
+def _length(buf, name, mode):
+    if buf is None or not hasattr(buf, "shape") or len(buf.shape) != 1:
+        raise ValueError(f"{name} should be a torch.Tensor in {mode} mode")
+    return int(buf.shape[0])
+
+
+def _write(buf, values):
+    """``buf[:len(values)] = values`` in the buffer's library (a host-to-device copy on torch's
+    current stream for a CUDA tensor)."""
+    if not values:
+        return
+    n = len(values)
+    if A.is_torch(buf):
+        import torch
+
+        src = torch.tensor(values, dtype=buf.dtype)
+        buf[:n].copy_(src, non_blocking=False)
+    else:
+        buf[:n] = values
+
+
+def _check_batch(batch, fixed):
+    if batch != fixed:
+        raise ValueError(
+            f"The batch size should be fixed in cudagraph mode, the runtime batch size "
+            f"{batch} mismatches the batch size set during initialization {fixed}"
+        )
+
+
+def _check_rows(rows, max_rows):
+    if rows is not None and max_rows is not None and rows > max_rows:
+        raise ValueError(
+            f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot "
+            f"exceed the number of rows set during initialization {max_rows}."
+        )
+
+
+class RaggedGraph:
+    """The caller's buffers of the ragged wrapper and the graph-stable plan made over them: a
+    batch of the buffers' size, at most the first plan's query rows (keys unbounded: the caller
+    passes K and V)."""
+
+    def __init__(self, qo_indptr, kv_indptr):
+        self.batch = _length(qo_indptr, "qo_indptr_buf", "cuda graph") - 1
+        kv = _length(kv_indptr, "kv_indptr_buf", "cuda graph")
+        if kv != self.batch + 1:
+            raise ValueError(
+                f"The length of kv_indptr_buf ({kv}) should be the same as qo_indptr_buf "
+                f"({self.batch})."
+            )
+        self.buffers = (qo_indptr, kv_indptr)
+        self.max_rows = None
+        self.native = None
+
+    def plan(self, qo, kv, options, device):
+        """FlashInfer's checks, then the graph-stable native plan: made on the first call,
+        re-planned in place after; the index arrays copied into the caller's buffers."""
+        _check_rows(qo[-1], self.max_rows)
+        _check_batch(len(qo) - 1, self.batch)
+        if self.native is None:
+            graph = (self.batch, qo[-1])
+            self.native = _native.RaggedPlan(qo, kv, options, device, graph=graph)
+            self.max_rows = qo[-1]
+        else:
+            self.native.replan(qo, kv, options, A.current_stream(device))
+        for buf, values in zip(self.buffers, (qo, kv)):
+            _write(buf, values)
+        return self.native
+
+
+class PagedGraph:
+    """The caller's buffers of one paged wrapper and the graph-stable plan made over them."""
+
+    def __init__(self, indptr, indices, last_page_len, qo_indptr=None, mode="cudagraph"):
+        names = {
+            "cudagraph": (
+                "paged_kv_indptr_buffer",
+                "paged_kv_indices_buffer",
+                "paged_kv_last_page_len_buffer",
+            ),
+            "CUDA graph": (
+                "paged_kv_indptr_buf",
+                "paged_kv_indices_buf",
+                "paged_kv_last_page_len_buf",
+            ),
+        }[mode]
+        if qo_indptr is not None or mode == "CUDA graph":
+            self.batch = _length(qo_indptr, "qo_indptr_buf", mode) - 1
+            if _length(indptr, names[0], mode) != self.batch + 1:
+                raise ValueError(f"The length of {names[0]} should be batch_size + 1.")
+            if _length(last_page_len, names[2], mode) != self.batch:
+                raise ValueError(f"The length of {names[2]} should be batch_size.")
+        else:
+            self.batch = _length(last_page_len, names[2], mode)
+            if _length(indptr, names[0], mode) != self.batch + 1:
+                raise ValueError(f"The size of {names[0]} should be batch_size + 1")
+        self.max_pages = _length(indices, names[1], mode)
+        self.buffers = (qo_indptr, indptr, indices, last_page_len)
+        self.max_rows = None
+        self.native = None
+
+    def check(self, batch, num_pages, rows=None):
+        """FlashInfer's checks of a plan in CUDA-graph mode: the batch size of the buffers, the
+        page ids within the indices buffer, (prefill) the query rows within the first plan's."""
+        _check_batch(batch, self.batch)
+        if num_pages > self.max_pages:
+            raise ValueError(
+                "The size of indices should be less than or equal to the allocated buffer"
+            )
+        _check_rows(rows, self.max_rows)
+
+    def write(self, qo, indptr, indices, last):
+        """Copies the plan's index arrays into the caller's buffers."""
+        for buf, values in zip(self.buffers, (qo, indptr, indices, last)):
+            if buf is not None:
+                _write(buf, values)
+
+    def plan(self, args, device, kv_fp8, rows_per_request):
+        """The graph-stable native plan of ``args`` (``_native.PagedPlan``'s first seven
+        arguments): made on the first call for the capacity (queries per request at most
+        ``rows_per_request``; None: as many as the first plan's rows), re-planned in place
+        after."""
+        qo = args[0]
+        if self.native is None:
+            rows = qo[-1]
+            per_request = rows if rows_per_request is None else rows_per_request
+            capacity = (self.batch, rows, per_request, self.max_pages)
+            self.native = _native.PagedPlan(*args, device, kv_fp8, capacity)
+            self.max_rows = rows
+        else:
+            self.native.replan(*args, A.current_stream(device), kv_fp8)
+        return self.native
