@@ -10,8 +10,10 @@ times, the same way. Two suites:
            BatchDecodeWithPagedKVCacheWrapper (CUDA cores, and tensor cores), batch paged prefill
            with BatchPrefillWithPagedKVCacheWrapper (FA2). A shape with a `kv_dtype` has an fp8
            cache (bench/peers_fp8.py: per-tensor scales, f16 queries), given to FlashInfer as
-           kv_data_type and k_scale/v_scale. torch SDPA has no paged KV cache and is left out of
-           this suite.
+           kv_data_type and k_scale/v_scale. An `append` shape (new tokens' K/V written into
+           the cache) has flashinfer.page.append_paged_kv_cache (bench/peers_append.py; f16
+           caches only: it has no quantising append). torch SDPA has no paged KV cache and is
+           left out of this suite.
 
 Input: the RESOLVED shape list printed by `attnforge bench [--suite paged] --print-shapes` (a JSON
 list of shape objects with `flops` and `bytes` added; paged shapes also carry the page table).
@@ -35,7 +37,8 @@ Method, per (shape, impl):
   3. The output of one call is checked against a float64 reference on a few rows of a few
      requests (all heads); relative L2 error above TOLERANCE gives "wrong: ..." and no time. For
      paged shapes the reference reads K/V gathered from the pages through the page table, over
-     an fp8 cache the dequantised K/V (codes * scale).
+     an fp8 cache the dequantised K/V (codes * scale); an append must have written every new
+     token's rows exactly where the page table puts them.
   4. Timing (bench/peers_timing.py): replays of a CUDA graph of N calls, N so that a replay
      lasts a few milliseconds, the median replay over N; back to back where a call cannot be
      captured (the line's `method` says which); and the host time of one call in its own field.
@@ -53,7 +56,7 @@ page gather of the paged suite, fp8 included, on the CPU), --impls and --filter 
 
 The shapes are read by bench/peers_shapes.py; the page table check, the float64 reference, the
 page gather, the output check (with TOLERANCE) and their self-test are in bench/peers_check.py;
-the fp8 cache in bench/peers_fp8.py; the timing in bench/peers_timing.py; the stand-in test of
+the fp8 cache in bench/peers_fp8.py; the append peer in bench/peers_append.py; the timing in bench/peers_timing.py; the stand-in test of
 the paged wrappers' calls in bench/peers_selftest.py.
 """
 
@@ -67,10 +70,12 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import peers_append
 import peers_fp8
 import peers_timing
 from peers_check import check_output
-from peers_shapes import SUITE_PAGED, SUITE_PREFILL, PagedShape, Shape, load_shapes
+from peers_shapes import (SUITE_PAGED, SUITE_PREFILL, PagedShape, Shape, load_shapes,
+                          paged_kind)
 from peers_timing import METHOD_BACK_TO_BACK, METHOD_GRAPH, Timer, first_output
 
 IMPL_FLASHINFER = "flashinfer-fa2"
@@ -81,10 +86,11 @@ IMPL_TORCH_CUDNN = "torch-cudnn"
 IMPL_FI_DECODE = "flashinfer-decode"
 IMPL_FI_DECODE_TC = "flashinfer-decode-tc"
 IMPL_FI_PAGED_PREFILL = "flashinfer-paged-prefill"
+IMPL_FI_APPEND = peers_append.IMPL_FI_APPEND
 # The peers of each suite, in the order of the report's columns (bench/report.py reads this).
 SUITE_IMPLS = {
     SUITE_PREFILL: [IMPL_FLASHINFER, IMPL_FI_FA3, IMPL_FA3, IMPL_TORCH_FLASH, IMPL_TORCH_CUDNN],
-    SUITE_PAGED: [IMPL_FI_DECODE, IMPL_FI_DECODE_TC, IMPL_FI_PAGED_PREFILL],
+    SUITE_PAGED: [IMPL_FI_DECODE, IMPL_FI_DECODE_TC, IMPL_FI_PAGED_PREFILL, IMPL_FI_APPEND],
 }
 # The peers that run only some shapes of their suite (no line for the others), and which:
 # bench/report.py shows this for the shapes they leave out.
@@ -131,7 +137,7 @@ def result_line(shape, impl, status, timing=None, note=None, rel_err=None):
     if timing is not None and timing["median_ms"] > 0:
         seconds = timing["median_ms"] * 1e-3
         line["median_ms"] = timing["median_ms"]
-        line["tflops"] = shape.flops / seconds / 1e12
+        line["tflops"] = shape.flops / seconds / 1e12 if shape.flops else None  # append: none
         line["tbps"] = shape.bytes / seconds / 1e12
         for field in ("runs", "method", "launches", "host_us", "host_calls"):
             line[field] = timing[field]
@@ -309,7 +315,7 @@ class FlashInferPaged:
         self.tensor_cores = name == IMPL_FI_DECODE_TC
 
     def applies(self, shape):
-        return isinstance(shape, PagedShape) and shape.decode == self.decode
+        return isinstance(shape, PagedShape) and not shape.append and shape.decode == self.decode
 
     def unsupported(self, shape):
         missing = self.lib.missing() if self.lib else None
@@ -449,7 +455,8 @@ def make_inputs(torch, shape, copy_count, device="cuda"):
     """copy_count random-normal copies of q, K and V (paged shapes: of q, k_cache and v_cache,
     every page filled, used or not), and the shape's index arrays as int32 tensors. An fp8 cache
     (kv_dtype) is quantised from random-normal values of dtype, one scale per tensor and copy
-    (k_scale and v_scale: lists of floats, one per copy)."""
+    (k_scale and v_scale: lists of floats, one per copy). An append shape has its own inputs
+    (peers_append.make_append_inputs)."""
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
     gen = torch.Generator(device=device)
     gen.manual_seed(SEED)
@@ -458,6 +465,8 @@ def make_inputs(torch, shape, copy_count, device="cuda"):
     def randn(*size):
         return torch.randn(*size, dtype=dtype, device=device, generator=gen)
 
+    if getattr(shape, "append", False):
+        return peers_append.make_append_inputs(torch, shape, copy_count, randn, device)
     inputs = {"dtype": dtype, "kv_dtype": dtype, "q": [], "k": [], "v": []}
     if shape.kv_dtype is not None:
         inputs.update(kv_dtype=getattr(torch, peers_fp8.fp8_format(shape.kv_dtype).torch_name),
@@ -502,9 +511,12 @@ def measure(torch, timer, impl, shape, inputs, copy_count, jit_note):
         note += f"; {jit_note}"
     out = to_nhd(run(0))
     torch.cuda.synchronize()
-    scales = (inputs["k_scale"][0], inputs["v_scale"][0]) if shape.kv_dtype else None
-    rel, problem = check_output(torch, shape, inputs["q"][0], inputs["k"][0], inputs["v"][0], out,
-                                scales)
+    if hasattr(impl, "check"):  # an impl whose output is not attention (the append)
+        rel, problem = impl.check(torch, shape, inputs, out)
+    else:
+        scales = (inputs["k_scale"][0], inputs["v_scale"][0]) if shape.kv_dtype else None
+        rel, problem = check_output(torch, shape, inputs["q"][0], inputs["k"][0],
+                                    inputs["v"][0], out, scales)
     del out
     if problem:
         return result_line(shape, impl.name, f"wrong: {problem}", note=note, rel_err=rel)
@@ -583,6 +595,8 @@ def make_impls(torch, suite, names, lib):
             objs.append(FlashInferPrefill(lib, name, "fa3"))
         elif name == IMPL_FA3:
             objs.append(Fa3(None if torch is None else importlib.import_module))
+        elif name == IMPL_FI_APPEND:
+            objs.append(peers_append.FlashInferAppend(lib, name))
         elif suite == SUITE_PAGED:
             objs.append(FlashInferPaged(lib, name))
         elif torch is None:
@@ -606,7 +620,7 @@ def dry_run(suite, shapes, impls):
                 configs.append(key)
         extra = ""
         if suite == SUITE_PAGED:
-            extra = (f" {'decode' if s.decode else 'paged-prefill'} page_size={s.page_size} "
+            extra = (f" {paged_kind(s)} page_size={s.page_size} "
                      f"pages={len(s.kv_page_indices)}/{s.num_pages} kv={s.kv_dtype or s.dtype}")
         print(f"  {s.name}: requests={len(s.qo_lens)}{extra} flops={s.flops:.3e} "
               f"bytes={s.bytes:.3e} copies={copies_for(s, L2_BYTES_FALLBACK)} "

@@ -1,6 +1,7 @@
 """The shapes bench/peers.py runs: a resolved prefill shape (one request, or a ragged batch of
 them over contiguous K/V) and a resolved paged shape (a batch over a paged KV cache with its page
-table; the cache holds `dtype`, or the fp8 format its `kv_dtype` names), read from the JSON list
+table; the cache holds `dtype`, or the fp8 format its `kv_dtype` names; with `append`, the shape is
+the append of each request's qo_lens new tokens' K/V into that cache), read from the JSON list
 `attnforge bench [--suite paged] --print-shapes` writes (fields: docs/benchmarking.md, "The data
 contract"), with the tiny shape of the same FlashInfer configuration that triggers its JIT build.
 """
@@ -22,11 +23,24 @@ PAGED_FIELDS = ["page_size", "num_pages", "kv_page_indptr", "kv_page_indices",
 DTYPE_BYTES = {"f16": 2, "bf16": 2}
 
 
+PAGED_DECODE, PAGED_PREFILL, PAGED_APPEND = "decode", "prefill", "append"
+
+
+def paged_kind(obj):
+    """What a paged shape (a dict or a Shape) measures: "append" when it is an append, else
+    "decode" when every qo_len is 1 and it is not causal, else "prefill" (paged prefill).
+    bench/report.py groups by this."""
+    get = obj.get if isinstance(obj, dict) else (lambda field, default=None:
+                                                 getattr(obj, field, default))
+    if get("append", False):
+        return PAGED_APPEND
+    decode = all(int(n) == 1 for n in get("qo_lens")) and not get("causal")
+    return PAGED_DECODE if decode else PAGED_PREFILL
+
+
 def is_decode(obj):
-    """A paged shape (a dict or a Shape) is a decode shape when every qo_len is 1 and it is not
-    causal; any other paged shape is a paged prefill shape. bench/report.py groups by this."""
-    get = obj.get if isinstance(obj, dict) else (lambda field: getattr(obj, field))
-    return all(int(n) == 1 for n in get("qo_lens")) and not get("causal")
+    """Whether a paged shape (a dict or a Shape) is a batch decode shape (paged_kind)."""
+    return paged_kind(obj) == PAGED_DECODE
 
 
 def prefix_sums(lens):
@@ -79,6 +93,13 @@ class Shape:
                 fp8_format(self.kv_dtype)
             except ValueError as exc:
                 raise ValueError(f"shape {self.name!r}: {exc}") from None
+        self.append = bool(obj.get("append", False))
+        if self.append and (obj.get("page_size") is None or self.hq != self.hkv):
+            raise ValueError(f"shape {self.name!r}: an append is a paged shape with "
+                             "num_qo_heads == num_kv_heads")
+        if self.append and any(n > k for n, k in zip(self.qo_lens, self.kv_lens)):
+            raise ValueError(f"shape {self.name!r}: an append's qo_lens (new tokens) must not "
+                             "exceed its kv_lens")
         self.flops = float(obj["flops"])
         self.bytes = float(obj["bytes"])
         self.sm_scale = 1.0 / math.sqrt(self.d_qk)
@@ -160,9 +181,21 @@ class PagedShape(Shape):
         return cache + (self.d_qk,), cache + (self.d_vo,)
 
     def index_arrays(self):
-        return {"qo_indptr": prefix_sums(self.qo_lens), "kv_page_indptr": self.kv_page_indptr,
-                "kv_page_indices": self.kv_page_indices,
-                "kv_last_page_len": self.kv_last_page_len}
+        arrays = {"qo_indptr": prefix_sums(self.qo_lens), "kv_page_indptr": self.kv_page_indptr,
+                  "kv_page_indices": self.kv_page_indices,
+                  "kv_last_page_len": self.kv_last_page_len}
+        if self.append:
+            arrays.update(zip(("batch_indices", "positions"), self.append_positions()))
+        return arrays
+
+    def append_positions(self):
+        """(batch_indices, positions) of an append's new tokens, FlashInfer's COO form of the
+        ragged new rows: new token t of request r is its position kv_len - qo_len + t."""
+        batch, positions = [], []
+        for r, (n, kl) in enumerate(zip(self.qo_lens, self.kv_lens)):
+            batch += [r] * n
+            positions += range(kl - n, kl)
+        return batch, positions
 
     def request_kv(self, k_cache, v_cache, r):
         """Request r's keys and values gathered from the caches: token j is at page
@@ -184,6 +217,7 @@ class PagedShape(Shape):
                "head_dim_qk": self.d_qk, "head_dim_vo": self.d_vo, "causal": self.causal,
                "dtype": self.dtype, "soft_cap": self.soft_cap, "qk_accum": self.qk_accum,
                "flops": 0, "bytes": 0, "page_size": ps, "kv_dtype": self.kv_dtype,
+               "append": self.append,
                "num_pages": sum(pages),
                "kv_page_indptr": prefix_sums(pages),
                "kv_page_indices": list(reversed(range(sum(pages)))),

@@ -4,11 +4,13 @@
 for one suite:
 
   prefill  TFLOP/s; the plot draws TFLOP/s against sequence length (bars for the other shapes).
-  paged    two tables, each against the FlashInfer wrappers that ran it: batch decode (bound by
-           memory) in TB/s (the shape's `bytes`: Q, K, V read once, O written once), and batch
+  paged    up to three tables, each against the FlashInfer calls that ran it: batch decode (bound
+           by memory) in TB/s (the shape's `bytes`: Q, K, V read once, O written once), batch
            paged prefill (bound by compute) in TFLOP/s, its ratios from TFLOP/s, with a TB/s
-           column beside; the plot draws one panel of bars per table, in the table's figure, the
-           decode panel beside the device's measured copy bandwidth.
+           column beside, and the append of new tokens' K/V into the cache (where the shapes
+           have one) in TB/s with its percentage of the device's measured copy bandwidth beside;
+           the plot draws one panel of bars per table, in the table's figure, the TB/s panels
+           beside the device's measured copy bandwidth.
 
 Inputs are the JSON lines of the benchmark data contract (docs/benchmarking.md): ours from
 `attnforge bench [--suite paged] --json-out`, the peers' from bench/peers.py, and the resolved
@@ -45,11 +47,14 @@ import sys
 
 import peers_timing
 from peers import IMPL_SCOPE, SUITE_IMPLS
-from peers_shapes import SUITE_PAGED, SUITE_PREFILL, is_decode
+from peers_shapes import (PAGED_APPEND, PAGED_DECODE, PAGED_PREFILL, SUITE_PAGED, SUITE_PREFILL,
+                          paged_kind)
 
 OURS = "attnforge"
-# The figures a result line carries: field -> (unit, format).
-METRICS = {"tflops": ("TFLOP/s", "{:.1f}"), "tbps": ("TB/s", "{:.2f}")}
+# The figures a result line carries: field -> (unit, format); and the figures computed from one
+# of them: field -> (the field, its function).
+METRICS = {"tflops": ("TFLOP/s", "{:.1f}"), "tbps": ("TB/s", "{:.2f}"),
+           "copy_pct": ("% of copy", "{:.0f}%")}
 # Per suite: the section title, what the plot draws (its title), and for the prefill suite the
 # result field that is the table's figure (the ratios' too). The paged suite's tables each name
 # their own figure (PAGED_GROUPS).
@@ -58,11 +63,15 @@ SUITE_INFO = {
     SUITE_PAGED: {"title": "Paged KV cache: batch decode and paged prefill",
                   "plot_units": "TB/s (decode), TFLOP/s (paged prefill)"},
 }
-# The paged suite's tables: (title, decode shapes or not, figure, extra columns). Decode is bound
-# by memory (TB/s); paged prefill by compute (TFLOP/s, with its TB/s in an extra column).
-PAGED_GROUPS = [("Batch decode", True, "tbps", []),
-                ("Batch paged prefill", False, "tflops", ["tbps"])]
+PAGED_TITLE_WITH_APPEND = "Paged KV cache: batch decode, paged prefill and append"
+# The paged suite's tables: (title, kind of shape (peers_shapes.paged_kind), figure, extra
+# columns). Decode is bound by memory (TB/s); paged prefill by compute (TFLOP/s, with its TB/s in
+# an extra column); the append by memory (TB/s, with its share of the copy bandwidth).
+PAGED_GROUPS = [("Batch decode", PAGED_DECODE, "tbps", []),
+                ("Batch paged prefill", PAGED_PREFILL, "tflops", ["tbps"]),
+                ("Append to the paged cache", PAGED_APPEND, "tbps", ["copy_pct"])]
 DEVICE_COPY_TBPS = 4.3  # device-to-device copy measured on the H200 (shared/peers/README.md)
+DERIVED = {"copy_pct": ("tbps", lambda tbps: 100.0 * tbps / DEVICE_COPY_TBPS)}
 DEVICE_COPY_LABEL = "device copy bandwidth (measured)"
 PAGED_Y_HEADROOM = 1.15  # room above the highest bar or the copy line for its label
 # A paged shape's page table (thousands of page ids): left out of the merged JSON, which keeps the
@@ -177,16 +186,17 @@ class Footnotes:
 
 def table_groups(merged):
     """[(title or None, shapes, impls, metric, extras)]: the prefill suite is one table of every
-    impl in its suite's figure; the paged suite is a decode table (TB/s) and a paged prefill table
-    (TFLOP/s, extra column TB/s), each with the impls that have a result line for one of its
-    shapes (peers.py runs the decode wrappers on decode shapes only). `metric` is the result field
-    of the table's figure and ratios, `extras` the fields shown beside it."""
+    impl in its suite's figure; the paged suite is a decode table (TB/s), a paged prefill table
+    (TFLOP/s, extra column TB/s) and an append table (TB/s, extra column % of copy), those that
+    have shapes, each with the impls that have a result line for one of its shapes (peers.py runs
+    the decode wrappers on decode shapes only). `metric` is the result field of the table's
+    figure and ratios, `extras` the fields shown beside it (METRICS, DERIVED)."""
     shapes = merged["shapes"]
     if merged["suite"] != SUITE_PAGED:
         return [(None, shapes, merged["impls"], suite_info(merged)["metric"], [])]
     groups = []
-    for title, decode, metric, extras in PAGED_GROUPS:
-        members = [s for s in shapes if is_decode(s) == decode]
+    for title, kind, metric, extras in PAGED_GROUPS:
+        members = [s for s in shapes if paged_kind(s) == kind]
         present = {impl for s in members for impl in s["results"]}
         impls = [i for i in merged["impls"] if i == OURS or i in present]
         if members:
@@ -195,9 +205,13 @@ def table_groups(merged):
 
 
 def extra_cells(line, extras):
-    """The cells of a result line's extra figures: "-" where it has none (its status is in the
-    table's figure column)."""
-    return [METRICS[x][1].format(line[x]) if is_ok(line, x) else "-" for x in extras]
+    """The cells of a result line's extra figures (a derived one computed from its field): "-"
+    where it has none (its status is in the table's figure column)."""
+    cells = []
+    for x in extras:
+        field, value = DERIVED.get(x, (x, lambda v: v))
+        cells.append(METRICS[x][1].format(value(line[field])) if is_ok(line, field) else "-")
+    return cells
 
 
 def has_host_time(shapes, impls):
@@ -389,9 +403,10 @@ def plot_prefill(merged, path):
 
 
 def plot_paged(merged, path):
-    """Bars per shape and impl, one panel per table in the table's figure: TB/s for decode, with
-    the device's measured copy bandwidth as a horizontal line (the ceiling a memory-bound kernel
-    approaches), TFLOP/s for paged prefill (no line: the copy bandwidth bounds nothing there)."""
+    """Bars per shape and impl, one panel per table in the table's figure: TB/s for decode and
+    the append, with the device's measured copy bandwidth as a horizontal line (the ceiling a
+    memory-bound kernel approaches), TFLOP/s for paged prefill (no line: the copy bandwidth
+    bounds nothing there)."""
     groups = table_groups(merged)
     if not groups:
         raise ValueError("nothing to plot: no shapes")
@@ -422,6 +437,9 @@ def plot_paged(merged, path):
 def section_title(merged):
     """The suite's title; a prefill section whose shapes share one head dim names it."""
     title = suite_info(merged)["title"]
+    if merged["suite"] == SUITE_PAGED and any(paged_kind(s) == PAGED_APPEND
+                                              for s in merged["shapes"]):
+        title = PAGED_TITLE_WITH_APPEND
     if merged["suite"] == SUITE_PREFILL:
         dims = {s.get("head_dim") or s.get("head_dim_qk") for s in merged["shapes"]}
         if len(dims) == 1 and None not in dims:
@@ -480,6 +498,13 @@ def markdown_section(merged, plot_link, json_link):
             out[-1] += (" Decode shapes (every query length 1) run FlashInfer's decode wrapper "
                         "without and with tensor cores; the others its FA2 paged prefill "
                         "wrapper. torch SDPA has no paged KV cache.")
+        if any(paged_kind(s) == PAGED_APPEND for s in merged["shapes"]):
+            out.append("- Append: TB/s = the shape's `bytes` (the new K/V rows read, the cache "
+                       "written, f16 or one byte per fp8 code, and the index entries read) over "
+                       "the median time, beside its percentage of the device copy bandwidth; "
+                       "each append is checked against the host append bit for bit (a peer: "
+                       "every new row where the page table puts it), not against a reference. "
+                       "Its peer is FlashInfer's append_paged_kv_cache.")
     if merged["impls"] == [OURS]:
         out.append("- Peers: none in this run (attnforge alone).")
     if json_link:

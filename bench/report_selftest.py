@@ -6,6 +6,8 @@ GPU, torch or matplotlib needed:
   - a merged result in today's format renders a host-time column per implementation, the graph
     replay method line (naming a peer timed back to back), the ratios, and "n/a" with its reason
     where a peer runs only some shapes;
+  - the paged suite's append shapes get their own table (TB/s and % of the copy bandwidth),
+    apart from the decode table, with the section's title and its note on the append;
   - a wrong result of ours blocks the document.
 """
 
@@ -15,19 +17,21 @@ import os
 import tempfile
 
 import report
-from peers import IMPL_FA3, IMPL_FI_FA3, IMPL_SCOPE, IMPL_TORCH_CUDNN
-from peers_shapes import SUITE_PREFILL
+from peers import (IMPL_FA3, IMPL_FI_APPEND, IMPL_FI_DECODE, IMPL_FI_FA3, IMPL_SCOPE,
+                   IMPL_TORCH_CUDNN)
+from peers_append import FP8_MISSING
+from peers_shapes import SUITE_PAGED, SUITE_PREFILL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 RESULTS = os.path.join(ROOT, "docs", "results", "*.json")
 
 
-def _line(shape, impl, tflops, method="graph", host_us=12.5, status="ok"):
+def _line(shape, impl, tflops, method="graph", host_us=12.5, status="ok", tbps=1.0):
     ok = status == "ok"
     return {"suite": SUITE_PREFILL, "shape": shape, "impl": impl, "status": status,
             "median_ms": 1.0 if ok else None, "tflops": tflops if ok else None,
-            "tbps": 1.0 if ok else None, "runs": 50 if ok else 0, "method": method,
+            "tbps": tbps if ok else None, "runs": 50 if ok else 0, "method": method,
             "launches": 4, "host_us": host_us, "host_calls": 100}
 
 
@@ -102,6 +106,8 @@ def self_test():
     check("around each launch" in report.markdown_section(old, None, None),
           "results without a method field: the per-launch method line")
 
+    _paged_self_test(check)
+
     wrong = json.loads(json.dumps(merged))
     wrong["shapes"][0]["results"][report.OURS]["status"] = "wrong: rel err 1.0"
     with tempfile.TemporaryDirectory() as d:
@@ -113,3 +119,52 @@ def self_test():
               "a wrong result of ours blocks the document")
     print(f"report self-test: {'PASS' if not failures else f'FAIL ({len(failures)})'}")
     return not failures
+
+
+def _paged_shape(name, qo_lens, append, results):
+    shape = {**_shape(name, "f16", results), "qo_lens": qo_lens, "kv_lens": [4096] * len(qo_lens),
+             "num_qo_heads": 8 if append else 32, "num_kv_heads": 8, "causal": False,
+             "page_size": 16, "num_pages": 512, "flops": 0.0 if append else 1.0}
+    if append:
+        shape["append"] = True
+    return shape
+
+
+def _paged_self_test(check):
+    """A paged result with a decode shape and two append shapes (one over an fp8 cache, where
+    the peer is missing)."""
+    def line(shape, impl, tbps, status="ok"):
+        return {**_line(shape, impl, None if tbps else 1.0, status=status, tbps=tbps),
+                "suite": SUITE_PAGED}
+
+    decode = _paged_shape("decode-x", [1, 1], False, [line("decode-x", report.OURS, 4.0),
+                                                      line("decode-x", IMPL_FI_DECODE, 3.2)])
+    append = _paged_shape("append-x", [1, 1], True, [line("append-x", report.OURS, 3.44),
+                                                     line("append-x", IMPL_FI_APPEND, 1.72)])
+    fp8 = _paged_shape("append-x-e4m3", [1, 1], True,
+                       [line("append-x-e4m3", report.OURS, 2.15),
+                        line("append-x-e4m3", IMPL_FI_APPEND, None, status=FP8_MISSING)])
+    merged = {**_merged([decode, append, fp8], [report.OURS, IMPL_FI_DECODE, IMPL_FI_APPEND]),
+              "suite": SUITE_PAGED}
+    rows, summary, notes = report.markdown_table(merged)
+    text = "\n".join(rows)
+    decode_table = text.split("### Append to the paged cache")[0]
+    check("### Batch decode" in text and "### Append to the paged cache" in text
+          and "append-x" not in decode_table and IMPL_FI_APPEND not in decode_table,
+          "paged: the append shapes have their own table, apart from decode")
+    check("### Batch paged prefill" not in text, "paged: no table without shapes")
+    head = next(r for r in rows if r.startswith("| shape") and "% of copy" in r)
+    check(f"{report.OURS} % of copy" in head and f"{IMPL_FI_APPEND} % of copy" in head,
+          "paged: the append table's % of copy columns")
+    row = next(r for r in rows if r.startswith("| append-x "))
+    check("| 3.44 | 80% |" in row and "| 1.72 | 40% |" in row and "2.00x" in row,
+          "paged: an append row in TB/s, % of the copy bandwidth and the ratio")
+    fp8_row = next(r for r in rows if r.startswith("| append-x-e4m3 "))
+    check("| 2.15 | 50% |" in fp8_row and "missing [" in fp8_row
+          and any(FP8_MISSING in n for n in notes), "paged: the missing fp8 peer is a footnote")
+    check(any(s.startswith(f"Append to the paged cache: {report.OURS}/{IMPL_FI_APPEND}: "
+                           "geometric mean 2.00x") for s in summary), "paged: the append summary")
+    section = report.markdown_section(merged, None, None)
+    check(section.startswith(f"## {report.PAGED_TITLE_WITH_APPEND}")
+          and "- Append: TB/s" in section,
+          "paged: the section's title and its note on the append")

@@ -3,6 +3,10 @@
 //!
 //! `attnforge bench --print-shapes` writes the resolved list (each shape plus `flops` and
 //! `bytes`) that the peers' script reads, so no formula exists twice.
+//!
+//! Three kinds of shape: prefill over ragged K/V (the `prefill` list), and in the `paged` list
+//! attention over a paged cache (batch decode, paged prefill) and the append of new tokens'
+//! K/V into a paged cache (`append: true`, [`append_bytes`]).
 
 use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
@@ -54,6 +58,11 @@ pub struct PrefillShape {
     /// Paged shapes only: an fp8 cache (`e4m3`, `e5m2`) instead of one of `dtype`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_dtype: Option<String>,
+    /// Paged shapes only: the shape is the append of each request's `qo_lens` new tokens' K and
+    /// V (of `dtype`) into its pages, `kv_lens` being its length after the append, rather than
+    /// attention (no queries: `num_qo_heads` equals `num_kv_heads`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub append: bool,
 }
 
 fn default_accum() -> String {
@@ -65,7 +74,8 @@ fn default_accum() -> String {
 pub struct ShapeFile {
     /// Prefill shapes (ragged K/V).
     pub prefill: Vec<PrefillShape>,
-    /// Paged shapes: batch decode (every `qo_len` 1) and paged prefill, each with a `page_size`.
+    /// Paged shapes, each with a `page_size`: batch decode (every `qo_len` 1), paged prefill,
+    /// and appends (`append`).
     #[serde(default)]
     pub paged: Vec<PrefillShape>,
 }
@@ -93,9 +103,10 @@ pub struct ResolvedShape {
     /// The shape.
     #[serde(flatten)]
     pub shape: PrefillShape,
-    /// Floating-point operations (see [`prefill_flops`]).
+    /// Floating-point operations (see [`prefill_flops`]; none for an append).
     pub flops: f64,
-    /// Bytes of Q, K, V read and O written.
+    /// Bytes of Q, K, V read and O written ([`prefill_bytes`]); for an append, the new K/V
+    /// read, the cache written and the index entries read ([`append_bytes`]).
     pub bytes: f64,
     /// Paged shapes: the page table.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -194,6 +205,9 @@ impl PrefillShape {
     pub fn resolve(&self) -> Result<ResolvedShape, InvalidProblem> {
         let p = self.problem()?;
         let kv_bytes = self.kv_fp8()?.map(|_| 1);
+        if self.append {
+            self.check_append(&p)?;
+        }
         let pages = match self.page_size {
             Some(_) => {
                 let paged = self.paged_problem()?;
@@ -207,12 +221,55 @@ impl PrefillShape {
             }
             None => None,
         };
+        let (flops, bytes) = match (self.append, self.page_size) {
+            (true, Some(page_size)) => (0.0, append_bytes(&p, kv_bytes, page_size)),
+            _ => (prefill_flops(&p), prefill_bytes(&p, kv_bytes)),
+        };
         Ok(ResolvedShape {
             shape: self.clone(),
-            flops: prefill_flops(&p),
-            bytes: prefill_bytes(&p, kv_bytes),
+            flops,
+            bytes,
             pages,
         })
+    }
+
+    /// What an append shape must be beyond a problem: paged, one head count (no queries), no
+    /// mask or variant, and every request's new tokens within its length.
+    fn check_append(&self, p: &AttentionProblem) -> Result<(), InvalidProblem> {
+        let bad = |what: &str, why: String| {
+            Err(InvalidProblem::new(
+                format!("shape {} {what}", self.name),
+                why,
+            ))
+        };
+        if self.page_size.is_none() {
+            return bad(
+                "append",
+                "is for paged shapes (with a page_size) only".into(),
+            );
+        }
+        if self.num_qo_heads != self.num_kv_heads {
+            return bad(
+                "num_qo_heads",
+                format!(
+                    "is {} but an append has no queries: give num_kv_heads ({})",
+                    self.num_qo_heads, self.num_kv_heads
+                ),
+            );
+        }
+        if self.causal || self.soft_cap.is_some() {
+            return bad("append", "takes no mask and no soft-cap".into());
+        }
+        if let Some(r) = p.batch.lens().iter().position(|&(new, len)| new > len) {
+            return bad(
+                "qo_lens",
+                format!(
+                    "request {r} appends {} tokens but kv_lens gives it {}",
+                    self.qo_lens[r], self.kv_lens[r]
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// The paged problem of a paged shape: the cache holds exactly the batch's pages (NHD,
@@ -282,6 +339,27 @@ pub fn prefill_bytes(p: &AttentionProblem, kv_bytes: Option<usize>) -> f64 {
     input * qo * hq * dqk + kv_elem * kv * hkv * (dqk + dvo) + output * qo * hq * dvo
 }
 
+/// Bytes an append must move at least: the new tokens' K and V rows read (`qo` tokens per
+/// request, of the input dtype), the same elements written into the cache (`kv_bytes` bytes
+/// each when given, an fp8 cache: 1, else the input dtype), and the 4-byte index entries read:
+/// the new-token and page indptrs, each request's length, and the page ids of the pages that
+/// receive new tokens.
+pub fn append_bytes(p: &AttentionProblem, kv_bytes: Option<usize>, page_size: usize) -> f64 {
+    let lens = p.batch.lens();
+    let elements =
+        (p.batch.total_qo() * p.num_kv_heads) as f64 * (p.head_dims.qk() + p.head_dims.vo()) as f64;
+    let input = p.input_dtype.size_bytes() as f64;
+    let cache = kv_bytes.map_or(input, |b| b as f64);
+    let ps = page_size.max(1);
+    let pages_written: usize = lens
+        .iter()
+        .filter(|&&(new, _)| new > 0)
+        .map(|&(new, len)| len.div_ceil(ps) - (len - new.min(len)) / ps)
+        .sum();
+    let indices = 3 * lens.len() + 2 + pages_written;
+    (input + cache) * elements + 4.0 * indices as f64
+}
+
 /// Parses a shape file.
 pub fn parse(text: &str) -> Result<ShapeFile, InvalidProblem> {
     serde_json::from_str(text).map_err(|e| InvalidProblem::new("shape file", e.to_string()))
@@ -308,6 +386,7 @@ mod tests {
             qk_accum: "f32".into(),
             page_size: None,
             kv_dtype: None,
+            append: false,
         }
     }
 
@@ -329,6 +408,48 @@ mod tests {
             b,
             2.0 * (10.0 * 32.0 * 128.0 * 2.0 + 20.0 * 8.0 * 128.0 * 2.0)
         );
+    }
+
+    fn append_shape(news: &[usize], lens: &[usize], kv_dtype: Option<&str>) -> PrefillShape {
+        PrefillShape {
+            qo_lens: news.to_vec(),
+            kv_lens: lens.to_vec(),
+            num_qo_heads: 8,
+            page_size: Some(16),
+            kv_dtype: kv_dtype.map(Into::into),
+            append: true,
+            ..shape(false, 1, 1)
+        }
+    }
+
+    #[test]
+    fn an_append_moves_its_rows_twice_and_reads_its_indices() {
+        // Request 0: 1 new token at position 20 (page 1); request 1: 20 new tokens at 12..32
+        // (pages 0 and 1).
+        let r = append_shape(&[1, 20], &[21, 32], None).resolve().unwrap();
+        let elements = 21.0 * 8.0 * 256.0;
+        let indices = 4.0 * (3.0 * 2.0 + 2.0 + 1.0 + 2.0);
+        assert_eq!(r.flops, 0.0);
+        assert_eq!(r.bytes, 4.0 * elements + indices);
+        let fp8 = append_shape(&[1, 20], &[21, 32], Some("e4m3"))
+            .resolve()
+            .unwrap();
+        assert_eq!(fp8.bytes, 3.0 * elements + indices);
+        assert!(fp8.pages.is_some());
+    }
+
+    #[test]
+    fn an_append_shape_that_is_not_one_is_refused() {
+        assert!(append_shape(&[5], &[4], None).resolve().is_err());
+        let mut queries = append_shape(&[1], &[4], None);
+        queries.num_qo_heads = 32;
+        assert!(queries.resolve().is_err());
+        let mut ragged = append_shape(&[1], &[4], None);
+        ragged.page_size = None;
+        assert!(ragged.resolve().is_err());
+        let mut masked = append_shape(&[1], &[4], None);
+        masked.causal = true;
+        assert!(masked.resolve().is_err());
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! `attnforge bench`: times the GPU kernels on the shared shape list, after checking them.
 //!
 //! Two suites: `prefill` (ragged K/V) and `paged` (batch decode and paged prefill over a paged
-//! cache, with the page table the resolved shape list gives the peers too). Each shape is first
-//! run once and compared with the exact reference on sampled rows: a wrong kernel is reported as
-//! `wrong` and makes the command fail, so a fast wrong kernel never becomes a result.
+//! cache, with the page table the resolved shape list gives the peers too, and the append of new
+//! tokens' K/V into such a cache: `append.rs`). Each attention shape is first run once and
+//! compared with the exact reference on sampled rows, each append with the host's append bit for
+//! bit: a wrong kernel is reported as `wrong` and makes the command fail, so a fast wrong kernel
+//! never becomes a result.
 //!
 //! Then the kernel time, the way `bench/peers.py` times every peer (docs/benchmarking.md): N
 //! launches (rotating among input copies when one set would sit in L2) are captured in a CUDA
@@ -16,6 +18,7 @@
 //! be timed at a higher clock. Apart from the kernel, the host time of one `run` call (wall
 //! time, no synchronisation) is measured, its median reported as `host_us`.
 
+mod append;
 mod fp8;
 
 use crate::backend::{parse_arch, parse_tile};
@@ -50,7 +53,7 @@ const CHECK_ROWS: usize = 48;
 pub enum BenchSuite {
     /// Prefill over ragged K/V.
     Prefill,
-    /// Batch decode and paged prefill over a paged KV cache.
+    /// Batch decode and paged prefill over a paged KV cache, and the append into one.
     Paged,
 }
 
@@ -353,7 +356,8 @@ fn time_runs(
     let timed = time_launches(engine, &args.timing, copies_for(shape), launch)?;
     let seconds = timed.median_ms * 1e-3;
     line.median_ms = Some(timed.median_ms);
-    line.tflops = Some(shape.flops / seconds / 1e12);
+    // An append does no arithmetic: no TFLOP/s.
+    line.tflops = (shape.flops > 0.0).then(|| shape.flops / seconds / 1e12);
     line.tbps = Some(shape.bytes / seconds / 1e12);
     line.runs = timed.replays;
     line.launches = timed.launches;
@@ -376,6 +380,9 @@ fn measure_paged(
     args: &BenchArgs,
     line: &mut ResultLine,
 ) -> Result<String, Error> {
+    if shape.shape.append {
+        return append::measure_append(engine, shape, args, line);
+    }
     let paged = shape.shape.paged_problem()?;
     if let Some(format) = shape.shape.kv_fp8()? {
         return fp8::measure_paged_fp8(engine, shape, args, line, paged, format);

@@ -1,13 +1,17 @@
 //! `append_paged_kv` on the GPU: the new tokens' K and V rows of a ragged batch written into their
 //! pages by one kernel (`kernels/append_paged.cuh`), after exactly the checks of the host version
 //! ([`crate::paged::validate_append`]): a bad table or an overlapping write is an error before
-//! anything is launched. The index arrays are uploaded on each call (a small allocation), so this
-//! step is not meant for capture in a CUDA graph; it is ordered on the caller's stream before the
-//! attention that reads the pages.
+//! anything is launched. [`Engine::append_paged_kv`] uploads the index arrays on each call (a
+//! small allocation), so it is not meant for capture in a CUDA graph; [`Engine::plan_append`]
+//! checks a batch and uploads them once, and [`AppendPlan::run`] (or
+//! [`AppendPlan::run_fp8`]) then launches with no allocation and no synchronisation, so it can be
+//! captured and replayed (new rows and cache contents in the same buffers). Either way the append
+//! is ordered on the caller's stream before the attention that reads the pages.
 
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
+use super::fp8::{DeviceFp8Tensor, DeviceKvScales};
 use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::paged::{cache_strides, CacheBuffer, CacheElements, DevicePagedKv};
@@ -16,8 +20,9 @@ use crate::codegen::{self, AppendParams, APPEND_THREADS};
 use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
+use crate::problem::InvalidProblem;
 use crate::Error;
-use cudarc::driver::{CudaStream, DevicePtr};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 /// The cache buffers on the device, writable, as the layout's storage says (device tensors of
@@ -72,6 +77,36 @@ impl Engine {
         )
     }
 
+    /// Checks an append of `append_indptr`'s new tokens under `table` (everything
+    /// [`append_paged_kv`](Self::append_paged_kv) checks but the buffers) and uploads its index
+    /// arrays on `stream`, for [`AppendPlan::run`] or [`AppendPlan::run_fp8`].
+    pub fn plan_append(
+        &self,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        table: &PageTable,
+        append_indptr: &[i32],
+    ) -> Result<AppendPlan, Error> {
+        // The rows the plan will take; a negative count is refused by the checks below.
+        let total_new = usize::try_from(*append_indptr.last().unwrap_or(&0)).unwrap_or(0);
+        let rows = |dim: usize| {
+            let len = total_new
+                .saturating_mul(layout.num_kv_heads)
+                .saturating_mul(dim);
+            (layout.dtype, len)
+        };
+        let (dqk, dvo) = (layout.head_dims.qk(), layout.head_dims.vo());
+        validate_append(layout, table, append_indptr, rows(dqk), rows(dvo))?;
+        if layout.dtype.size_bytes() != 2 {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!("an append of {} rows", layout.dtype),
+                supported: "f16, bf16".into(),
+            });
+        }
+        AppendPlan::upload(self, stream, layout, table, append_indptr)
+    }
+
     /// The append into either kind of cache buffer (quantising with `scales` into fp8 codes):
     /// the host version's checks except for the values themselves, the rows' dtype, the buffers
     /// and scales against `layout`, then one launch.
@@ -100,86 +135,193 @@ impl Engine {
                 supported: "f16, bf16".into(),
             });
         }
+        let plan = AppendPlan::upload(self, stream, layout, table, append_indptr)?;
+        plan.run_cache(stream, (k_new, v_new), cache, scales)
+    }
+}
+
+/// One checked append batch on the device ([`Engine::plan_append`]): the layout, the kernel and
+/// the index arrays it reads (new-token indptr, each request's length, the kernels' page table).
+pub struct AppendPlan {
+    layout: PagedKvLayout,
+    /// `None` when the batch appends nothing (nothing is launched).
+    kernel: Option<CudaFunction>,
+    total_new: usize,
+    batch_size: usize,
+    /// The kernels' page size and page strides (`KernelPages`).
+    kernel_pages: (usize, i64, i64),
+    append_indptr: CudaSlice<i32>,
+    kv_len: CudaSlice<i32>,
+    page_indptr: CudaSlice<i32>,
+    page_indices: CudaSlice<i32>,
+}
+
+impl AppendPlan {
+    /// Uploads the index arrays of a validated append (table and `append_indptr` checked against
+    /// `layout`, rows of two bytes), on `stream`.
+    fn upload(
+        engine: &Engine,
+        stream: &Arc<CudaStream>,
+        layout: &PagedKvLayout,
+        table: &PageTable,
+        append_indptr: &[i32],
+    ) -> Result<AppendPlan, Error> {
+        let total_new = *append_indptr.last().unwrap_or(&0) as usize;
+        let elements = total_new * layout.num_kv_heads;
+        let kernel = if elements == 0 {
+            None
+        } else {
+            Some(engine.fixed_kernel(codegen::render_append)?)
+        };
+        let kv_len: Vec<i32> = table
+            .kv_lens(layout.page_size)
+            .iter()
+            .map(|&l| l as i32)
+            .collect();
+        // The driver allocates nothing of size 0: an empty array is uploaded as one entry.
+        let upload = |data: &[i32], what: &str| {
+            memory::upload(stream, if data.is_empty() { &[0] } else { data }, what)
+        };
+        let pages = KernelPages::new(layout, table)?;
+        Ok(AppendPlan {
+            layout: *layout,
+            kernel,
+            total_new,
+            batch_size: table.batch_size(),
+            kernel_pages: (pages.page_size, pages.k_page_stride, pages.v_page_stride),
+            append_indptr: upload(append_indptr, "append_indptr")?,
+            kv_len: upload(&kv_len, "kv_len")?,
+            page_indptr: upload(&pages.table.kv_page_indptr, "kv_page_indptr")?,
+            page_indices: upload(&pages.table.kv_page_indices, "kv_page_indices")?,
+        })
+    }
+
+    /// The layout the plan writes.
+    pub fn layout(&self) -> &PagedKvLayout {
+        &self.layout
+    }
+
+    /// Tokens appended per run.
+    pub fn total_new(&self) -> usize {
+        self.total_new
+    }
+
+    /// Writes the new rows `k_new`, `v_new` (the layout's dtype, `[total_new, num_kv_heads,
+    /// head_dim]` each, contiguous) into a cache of the layout's dtype on `stream`, after
+    /// checking the rows and buffers against the plan. No allocation, no synchronisation: safe
+    /// to capture in a CUDA graph.
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        k_new: &DeviceTensor,
+        v_new: &DeviceTensor,
+        cache: DevicePagedKvMut<'_>,
+    ) -> Result<(), Error> {
+        self.run_cache(stream, (k_new, v_new), cache, &())
+    }
+
+    /// [`run`](Self::run) into an fp8 cache: the new rows quantised with `scales` as
+    /// [`Engine::append_paged_kv_fp8`] quantises them.
+    pub fn run_fp8(
+        &self,
+        stream: &Arc<CudaStream>,
+        (k_new, v_new): (&DeviceTensor, &DeviceTensor),
+        cache: DevicePagedKvMut<'_, DeviceFp8Tensor>,
+        scales: &DeviceKvScales,
+    ) -> Result<(), Error> {
+        self.run_cache(stream, (k_new, v_new), cache, scales)
+    }
+
+    /// The run into either kind of cache buffer: the rows against the plan, the buffers and
+    /// scales against the layout, then one launch.
+    fn run_cache<B: CacheBuffer>(
+        &self,
+        stream: &Arc<CudaStream>,
+        (k_new, v_new): (&DeviceTensor, &DeviceTensor),
+        cache: DevicePagedKvMut<'_, B>,
+        scales: &B::Scales,
+    ) -> Result<(), Error> {
+        let layout = &self.layout;
+        let rows = self.total_new * layout.num_kv_heads;
+        for (name, t, dim) in [
+            ("k_new", k_new, layout.head_dims.qk()),
+            ("v_new", v_new, layout.head_dims.vo()),
+        ] {
+            if t.dtype() != layout.dtype || t.len() != rows * dim {
+                return Err(InvalidProblem::new(
+                    name,
+                    format!(
+                        "holds {} {} elements; the plan appends {} tokens of {} heads x {dim} {}",
+                        t.len(),
+                        t.dtype(),
+                        self.total_new,
+                        layout.num_kv_heads,
+                        layout.dtype
+                    ),
+                )
+                .into());
+            }
+        }
         let cache = cache.as_ref();
         let first = match cache {
             DevicePagedKv::Separate { k, .. } | DevicePagedKv::Combined(k) => k,
         };
         let (k_buf, v_buf) = cache.checked(layout, B::appended(first, layout))?;
         let elements = k_buf.elements(stream, layout, scales)?;
-        self.launch_append(
+        self.launch(
             stream,
-            layout,
-            table,
-            append_indptr,
             (k_new.device_address(stream), v_new.device_address(stream)),
             (k_buf.device_address(stream), v_buf.device_address(stream)),
             elements,
         )
     }
 
-    /// Launches the append kernel over validated arguments: new rows at device addresses
-    /// `new` (K, V; the layout's dtype), cache buffers at `cache` read as `elements` say.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_append(
+    /// Launches the append kernel over checked arguments: new rows at device addresses `new`
+    /// (K, V; the layout's dtype), cache buffers at `cache` read as `elements` say.
+    fn launch(
         &self,
         stream: &Arc<CudaStream>,
-        layout: &PagedKvLayout,
-        table: &PageTable,
-        append_indptr: &[i32],
         (k_new, v_new): (u64, u64),
         (k_cache, v_cache): (u64, u64),
         elements: CacheElements,
     ) -> Result<(), Error> {
+        let Some(kernel) = &self.kernel else {
+            return Ok(());
+        };
+        let layout = &self.layout;
         let (elem, fp8) = (elements.bytes, elements.fp8);
-        let total_new = *append_indptr.last().unwrap_or(&0) as usize;
         let (h, dqk, dvo) = (
             layout.num_kv_heads,
             layout.head_dims.qk(),
             layout.head_dims.vo(),
         );
-        let threads_needed = total_new * h * (dqk + dvo) / 8;
-        if threads_needed == 0 {
-            return Ok(());
-        }
-        let kernel = self.fixed_kernel(codegen::render_append)?;
-        let kv_len: Vec<i32> = table
-            .kv_lens(layout.page_size)
-            .iter()
-            .map(|&l| l as i32)
-            .collect();
-        // On the launch's stream: their stream-ordered frees then follow the kernel.
-        let upload = |data: &[i32], what: &str| memory::upload(stream, data, what);
-        let append_indptr_d = upload(append_indptr, "append_indptr")?;
-        let kv_len_d = upload(&kv_len, "kv_len")?;
-        let pages = KernelPages::new(layout, table)?;
-        let page_indptr_d = upload(&pages.table.kv_page_indptr, "kv_page_indptr")?;
-        let page_indices_d = upload(&pages.table.kv_page_indices, "kv_page_indices")?;
+        let threads_needed = self.total_new * h * (dqk + dvo) / 8;
         let (k_base, _, k_token, k_head) = cache_strides(layout, true);
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
-        let (k_page, v_page) = (pages.k_page_stride, pages.v_page_stride);
-        let ptr = |s: &cudarc::driver::CudaSlice<i32>| s.device_ptr(stream).0;
+        let (page_size, k_page, v_page) = self.kernel_pages;
+        let ptr = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
         let params = AppendParams {
             k_new,
             v_new,
             k_cache: k_cache + k_base as u64 * elem,
             v_cache: v_cache + v_base as u64 * elem,
-            append_indptr: ptr(&append_indptr_d),
-            kv_len: ptr(&kv_len_d),
-            page_indptr: ptr(&page_indptr_d),
-            page_indices: ptr(&page_indices_d),
+            append_indptr: ptr(&self.append_indptr),
+            kv_len: ptr(&self.kv_len),
+            page_indptr: ptr(&self.page_indptr),
+            page_indices: ptr(&self.page_indices),
             k_page_stride: k_page,
             v_page_stride: v_page,
             k_token_stride: k_token,
             v_token_stride: v_token,
             k_head_stride: k_head,
             v_head_stride: v_head,
-            total_new: total_new as i32,
-            batch_size: table.batch_size() as i32,
+            total_new: self.total_new as i32,
+            batch_size: self.batch_size as i32,
             num_kv_heads: h as i32,
             k_chunks: (dqk / 8) as i32,
             v_chunks: (dvo / 8) as i32,
-            page_shift: pages.page_size.trailing_zeros() as i32,
-            page_mask: (pages.page_size - 1) as i32,
+            page_shift: page_size.trailing_zeros() as i32,
+            page_mask: (page_size - 1) as i32,
             new_bf16: i32::from(layout.dtype == DType::Bf16),
             k_scale: fp8.map_or(0, |(_, s)| s.k),
             v_scale: fp8.map_or(0, |(_, s)| s.v),
@@ -193,18 +335,22 @@ impl Engine {
         let blocks = threads_needed.div_ceil(APPEND_THREADS as usize);
         let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {
             name: "k_new",
-            reason: format!("{total_new} new tokens need {blocks} blocks, more than a grid holds"),
+            reason: format!(
+                "{} new tokens need {blocks} blocks, more than a grid holds",
+                self.total_new
+            ),
         })?;
         // SAFETY: the kernel takes one AppendParams, which is repr(C) without padding and whose
         // CUDA twin asserts the same field sizes; the table and append_indptr were validated
-        // against the layout (every page id in range, every new token inside its request's
-        // pages, no two writes to one slot), the cache buffers hold the layout's pages and the
-        // new rows hold total_new tokens; the index arrays live until the end of this function
-        // and are freed in stream order (on `stream`), after the kernel.
+        // against the layout when the plan was made (every page id in range, every new token
+        // inside its request's pages, no two writes to one slot), the cache buffers were checked
+        // to hold the layout's pages and the new rows to hold total_new tokens; the index arrays
+        // are the plan's and outlive the launch on `stream` (a plan dropped after it frees them
+        // in stream order on the stream it was made on).
         unsafe {
             launch_1d(
                 stream,
-                &kernel,
+                kernel,
                 Launch1d {
                     blocks,
                     threads: APPEND_THREADS,

@@ -26,7 +26,7 @@ mod reference;
 mod schedule;
 mod tma;
 
-pub use append::DevicePagedKvMut;
+pub use append::{AppendPlan, DevicePagedKvMut};
 #[cfg(feature = "harness")]
 pub use backend::CudaBackend;
 pub use buffers::DeviceTensor;
