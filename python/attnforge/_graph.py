@@ -18,7 +18,7 @@ from . import _native
 
 def _length(buf, name, mode):
     if buf is None or not hasattr(buf, "shape") or len(buf.shape) != 1:
-        raise ValueError(f"{name} should be a torch.Tensor in {mode} mode")
+        raise ValueError(f"use_cuda_graph=True ({mode}) needs {name} as a one-dimensional tensor")
     return int(buf.shape[0])
 
 
@@ -40,16 +40,16 @@ def _write(buf, values):
 def _check_batch(batch, fixed):
     if batch != fixed:
         raise ValueError(
-            f"The batch size should be fixed in cudagraph mode, the runtime batch size "
-            f"{batch} mismatches the batch size set during initialization {fixed}"
+            f"use_cuda_graph=True: the buffers fix the batch at {fixed} requests; this plan has "
+            f"{batch}"
         )
 
 
 def _check_rows(rows, max_rows):
     if rows is not None and max_rows is not None and rows > max_rows:
         raise ValueError(
-            f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot "
-            f"exceed the number of rows set during initialization {max_rows}."
+            f"use_cuda_graph=True: this plan has {rows} query rows in qo_indptr; the first plan's "
+            f"{max_rows} sized the launch, and a later plan may not exceed them"
         )
 
 
@@ -63,8 +63,7 @@ class RaggedGraph:
         kv = _length(kv_indptr, "kv_indptr_buf", "cuda graph")
         if kv != self.batch + 1:
             raise ValueError(
-                f"The length of kv_indptr_buf ({kv}) should be the same as qo_indptr_buf "
-                f"({self.batch})."
+                f"kv_indptr_buf has {kv} entries; qo_indptr_buf's {self.batch + 1} need as many"
             )
         self.buffers = (qo_indptr, kv_indptr)
         self.max_rows = None
@@ -105,13 +104,13 @@ class PagedGraph:
         if qo_indptr is not None or mode == "CUDA graph":
             self.batch = _length(qo_indptr, "qo_indptr_buf", mode) - 1
             if _length(indptr, names[0], mode) != self.batch + 1:
-                raise ValueError(f"The length of {names[0]} should be batch_size + 1.")
+                raise ValueError(f"{names[0]} needs batch size + 1 = {self.batch + 1} entries")
             if _length(last_page_len, names[2], mode) != self.batch:
-                raise ValueError(f"The length of {names[2]} should be batch_size.")
+                raise ValueError(f"{names[2]} needs batch size = {self.batch} entries")
         else:
             self.batch = _length(last_page_len, names[2], mode)
             if _length(indptr, names[0], mode) != self.batch + 1:
-                raise ValueError(f"The size of {names[0]} should be batch_size + 1")
+                raise ValueError(f"{names[0]} needs batch size + 1 = {self.batch + 1} entries")
         self.max_pages = _length(indices, names[1], mode)
         self.buffers = (qo_indptr, indptr, indices, last_page_len)
         self.max_rows = None
@@ -123,7 +122,8 @@ class PagedGraph:
         _check_batch(batch, self.batch)
         if num_pages > self.max_pages:
             raise ValueError(
-                "The size of indices should be less than or equal to the allocated buffer"
+                f"use_cuda_graph=True: this plan holds {num_pages} page ids; the indices buffer "
+                f"holds at most {self.max_pages}"
             )
         _check_rows(rows, self.max_rows)
 
