@@ -51,6 +51,19 @@ pub(crate) fn check_view_alignment(
     Ok(())
 }
 
+/// A ragged problem's own checks, then the 16-byte alignment of its Q, K and V views.
+fn check_ragged_problem(problem: &AttentionProblem) -> Result<(), Error> {
+    problem.validate()?;
+    for (name, view) in [
+        ("q", &problem.q_view),
+        ("k", &problem.k_view),
+        ("v", &problem.v_view),
+    ] {
+        check_view_alignment(name, view)?;
+    }
+    Ok(())
+}
+
 /// Checks that a buffer has the plan's dtype and at least `min_len` elements.
 pub(crate) fn check_buffer(
     name: &'static str,
@@ -129,14 +142,7 @@ impl PrefillPlan {
         problem: &AttentionProblem,
         options: PlanOptions,
     ) -> Result<PrefillPlan, Error> {
-        problem.validate()?;
-        for (name, view) in [
-            ("q", &problem.q_view),
-            ("k", &problem.k_view),
-            ("v", &problem.v_view),
-        ] {
-            check_view_alignment(name, view)?;
-        }
+        check_ragged_problem(problem)?;
         Ok(PrefillPlan {
             plan: KernelPlan::new(engine, problem, KvCache::Ragged, options)?,
         })
@@ -151,14 +157,7 @@ impl PrefillPlan {
         options: PlanOptions,
         capacity: GraphCapacity,
     ) -> Result<PrefillPlan, Error> {
-        problem.validate()?;
-        for (name, view) in [
-            ("q", &problem.q_view),
-            ("k", &problem.k_view),
-            ("v", &problem.v_view),
-        ] {
-            check_view_alignment(name, view)?;
-        }
+        check_ragged_problem(problem)?;
         Ok(PrefillPlan {
             plan: KernelPlan::graph_stable(
                 engine,
