@@ -15,6 +15,7 @@ _NO_JIT = "attnforge has no FlashInfer JIT variants"
 # Plans with attention sinks kept per wrapper (one per distinct sink values, most recent last).
 _SINK_PLANS_MAX = 4
 
+
 def _refuse_in_graphs(pos_encoding_mode, masks=(None, None)):
     """What ``use_cuda_graph=True`` refuses at ``plan``: ALiBi and custom masks (``masks``: the
     plan's ``custom_mask`` and ``packed_custom_mask``)."""

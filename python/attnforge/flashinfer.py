@@ -156,15 +156,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
         jit_args=None,
         jit_kwargs=None,
     ):
-        graph = None
-        if use_cuda_graph:
-            graph = PagedGraph(
-                paged_kv_indptr_buf,
-                paged_kv_indices_buf,
-                paged_kv_last_page_len_buf,
-                qo_indptr_buf,
-                mode="CUDA graph",
-            )
+        buffers = (paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
+        graph = PagedGraph(*buffers, qo_indptr_buf, mode="CUDA graph") if use_cuda_graph else None
         super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph, jit_kwargs)
 
     def plan(
@@ -262,11 +255,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
         backend="auto",
         jit_args=None,
     ):
-        graph = None
-        if use_cuda_graph:
-            graph = PagedGraph(
-                paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer
-            )
+        buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        graph = PagedGraph(*buffers) if use_cuda_graph else None
         super().__init__(float_workspace_buffer, kv_layout, backend, jit_args, graph)
         self._use_tensor_cores = use_tensor_cores
 
@@ -345,9 +335,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
         sinks=None,
         q_len_per_req=1,
     ):
-        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``,
-        ``k_scale`` and ``v_scale`` as in ``BatchPrefillWithPagedKVCacheWrapper.run``: sinks are
-        read on the host (no graph capture), the scales dequantise an fp8 cache."""
+        """``o [batch, Hq, D]``, or ``(o, lse)`` (base 2) when ``return_lse``. ``sinks``
+        (float32 ``[Hq]``), ``k_scale`` and ``v_scale`` as in the paged prefill's ``run``: the
+        sinks join each row's softmax denominator, read on the host (so not in a graph capture);
+        the scales dequantise a cache planned with an fp8 ``kv_data_type``."""
         if args or enable_pdl or q_scale is not None:
             check_run(args, q_scale, enable_pdl)
         if q_len_per_req not in (None, 1):

@@ -101,6 +101,15 @@ def single_decode_with_kv_cache(
 ) -> Tuple[Array, Array]: ...
 
 class _Wrapper:
+    def __init__(
+        self,
+        float_workspace_buffer: Array,
+        kv_layout: str,
+        backend: str,
+        jit_args: Optional[Any],
+        graph: Optional[Any] = None,
+        jit_kwargs: Optional[Any] = None,
+    ) -> None: ...
     @property
     def is_cuda_graph_enabled(self) -> bool: ...
     def reset_workspace_buffer(
