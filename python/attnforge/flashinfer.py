@@ -198,7 +198,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
     ):
         """Plans the batch over the page table."""
         reason = "these arguments feed FlashInfer's trtllm-gen and cuDNN backends"
-        self._check_plan(locals(), True, _TRTLLM_CUDNN_PREFILL, reason)
+        self._check_plan(locals(), fp8_cache=True, others=_TRTLLM_CUDNN_PREFILL, reason=reason)
         head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         qo = A.int_list(qo_indptr, "qo_indptr")
         indptr = A.int_list(paged_kv_indptr, "paged_kv_indptr")
@@ -294,7 +294,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         reason = "these arguments feed FlashInfer's trtllm-gen backend"
-        self._check_plan(locals(), True, ("block_tables", "seq_lens"), reason)
+        others = ("block_tables", "seq_lens")
+        self._check_plan(locals(), fp8_cache=True, others=others, reason=reason)
         page_indptr = A.int_list(indptr, "indptr")
         qo = list(range(len(page_indptr)))
         kv = _kv_indptr(page_indptr, A.int_list(last_page_len, "last_page_len"), int(page_size))
