@@ -33,12 +33,9 @@ _SINGLE_PLANS = collections.OrderedDict()
 _SINGLE_PLANS_MAX = 32
 
 
-def _single_key(call):
-    """The plan cache key of a call (``call``: its arguments by name): the arrays' shapes, q's
-    dtype and device, and the other arguments; ``None`` when they do not make a key (not arrays,
-    or unhashable)."""
-    q, k, v = call["q"], call["k"], call["v"]
-    options = tuple(value for name, value in call.items() if name not in ("q", "k", "v"))
+def _single_key(q, k, v, options):
+    """The plan cache key of a call: the arrays' shapes, q's dtype and device, and the other
+    arguments (``options``); ``None`` when they do not make a key (not arrays, or unhashable)."""
     try:
         key = (q.shape, k.shape, v.shape, q.dtype, A.device_of(q)) + options
         hash(key)
@@ -72,15 +69,15 @@ def single_prefill_with_kv_cache(
     """Attention of one request: ``q [qo_len, Hq, Dqk]`` over ``k``, ``v`` (``[kv_len, Hkv, D]``
     for NHD, ``[Hkv, kv_len, D]`` for HND). Returns ``o [qo_len, Hq, Dvo]``, or ``(o, lse)``
     with the base-2 LSE ``[qo_len, Hq]`` when ``return_lse``."""
-    # The arguments a plan is made from, by name.
-    call = dict(locals())
-    del call["return_lse"]
     key = entry = None
     if custom_mask is None and packed_custom_mask is None:
-        key = _single_key(call)
+        options = (kv_layout, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale)
+        options += (window_left, logits_soft_cap, backend, o_dtype, scale_q, scale_k, scale_v)
+        key = _single_key(q, k, v, options + (rope_scale, rope_theta))
         entry = None if key is None else _SINGLE_PLANS.get(key)
     if entry is None:
-        entry = _single_plan(call)
+        # On a miss only: the plan reads the call's arguments by name.
+        entry = _single_plan(locals())
         if key is not None:
             _SINGLE_PLANS[key] = entry
             if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
@@ -96,8 +93,8 @@ def single_prefill_with_kv_cache(
 
 
 def _single_plan(call):
-    """Checks a call of ``single_prefill_with_kv_cache`` (``call``: its arguments by name but
-    ``return_lse``) and plans it."""
+    """Checks a call of ``single_prefill_with_kv_cache`` (``call``: its arguments by name, its
+    ``locals()``) and plans it."""
     q, k, v, kv_layout = call["q"], call["k"], call["v"], call["kv_layout"]
     mode, backend = call["pos_encoding_mode"], call["backend"]
     check_common(mode, call["rope_scale"], call["rope_theta"], backend, alibi=True)
@@ -142,18 +139,6 @@ single_prefill_with_kv_cache_return_lse = functools.partial(
 )
 
 
-# The arguments of single_decode_with_kv_cache that its prefill (or fp8 decode wrapper) takes
-# under the same names.
-_DECODE_PASSED = (
-    "pos_encoding_mode",
-    "window_left",
-    "logits_soft_cap",
-    "sm_scale",
-    "rope_scale",
-    "rope_theta",
-)
-
-
 def single_decode_with_kv_cache(
     q,
     k,
@@ -183,8 +168,15 @@ def single_decode_with_kv_cache(
     A.checked_dtype(q, "q")
     if len(q.shape) != 2:
         raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
-    call = locals()
-    passed = {name: call[name] for name in _DECODE_PASSED}
+    # The arguments its prefill (or, over fp8, the decode wrapper's plan) takes by the same names.
+    passed = dict(
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+    )
     if _fp8.array_format(k) is not None:
         o = _single_decode_fp8(q, k, v, kv_layout, passed, (k_scale, v_scale), return_lse)
         return _first_row(o, return_lse)

@@ -112,17 +112,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
     ):
         """Plans the batch: validates it, and on a GPU compiles the kernel and uploads the
         index arrays, so that ``run`` only launches."""
-        self._check_plan(locals())
-        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+        call = locals()
+        self._check_plan(call)
         qo = A.int_list(qo_indptr, "qo_indptr")
         kv = A.int_list(kv_indptr, "kv_indptr")
-        options, slopes = _prefill_spec(locals(), self._dtype, qo, kv)
+        options, slopes = _prefill_spec(call, self._dtype, qo, kv)
         if self._graph is not None:
             _refuse_in_graphs(pos_encoding_mode, (custom_mask, packed_custom_mask))
             native = self._graph.plan(qo, kv, options, self._device)
         else:
             native = _native.RaggedPlan(qo, kv, options, self._device)
-        self._set_plan(native, qo, kv, slopes, num_qo_heads, head_dim_vo, window_left)
+        self._set_plan(native, qo, kv, slopes, num_qo_heads, options["head_dim_vo"], window_left)
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None):
         """``o [qo_indptr[-1], Hq, Dvo]``, or ``(o, lse)`` (base 2) when ``return_lse``."""
@@ -197,19 +197,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
         disable_split_kv=False,
     ):
         """Plans the batch over the page table."""
+        call = locals()
         reason = "these arguments feed FlashInfer's trtllm-gen and cuDNN backends"
-        self._check_plan(locals(), fp8_cache=True, others=_TRTLLM_CUDNN_PREFILL, reason=reason)
-        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+        self._check_plan(call, fp8_cache=True, others=_TRTLLM_CUDNN_PREFILL, reason=reason)
         qo = A.int_list(qo_indptr, "qo_indptr")
         indptr = A.int_list(paged_kv_indptr, "paged_kv_indptr")
         indices = A.int_list(paged_kv_indices, "paged_kv_indices")
         last = A.int_list(paged_kv_last_page_len, "paged_kv_last_page_len")
         kv = _kv_indptr(indptr, last, int(page_size))
-        options, slopes = _prefill_spec(locals(), self._dtype, qo, kv)
+        options, slopes = _prefill_spec(call, self._dtype, qo, kv)
         args = (qo, indptr, indices, last, int(page_size), self._kv_layout, options)
         masks = (custom_mask, packed_custom_mask)
         native = self._plan_paged(args, None, pos_encoding_mode, masks)
-        self._set_plan(native, qo, kv, slopes, num_qo_heads, head_dim_vo, window_left)
+        self._set_plan(native, qo, kv, slopes, num_qo_heads, options["head_dim_vo"], window_left)
 
     def run(
         self,
