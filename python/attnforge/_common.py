@@ -1,11 +1,13 @@
 """What the single-request functions and the wrappers share: their outputs (allocated like q,
-or the caller's), the LSE's conversion to FlashInfer's base 2 and ALiBi convention, and
-FlashInfer's ALiBi slopes."""
+or the caller's), the LSE's conversion to FlashInfer's base 2 and ALiBi convention,
+FlashInfer's ALiBi slopes, and the native options of a prefill call."""
+
+import operator
 
 import numpy as np
 
 from . import _arrays as A
-from ._options import alibi_slopes, refuse
+from ._options import alibi_slopes, refuse, spec
 
 
 def _outputs(q, total_qo, num_qo_heads, head_dim_vo, out, lse, return_lse):
@@ -68,3 +70,31 @@ class _LseShift:
 def _slopes(pos_encoding_mode, num_qo_heads):
     """FlashInfer's ALiBi slopes with ``pos_encoding_mode="ALIBI"``, else ``None``."""
     return alibi_slopes(int(num_qo_heads)) if pos_encoding_mode == "ALIBI" else None
+
+
+# The arguments of a FlashInfer prefill call that ``spec`` takes, in its order: those before the
+# dtype and the indptr lists, and those after.
+_SPEC_SHAPE = operator.itemgetter("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo")
+_SPEC_MASKING = operator.itemgetter(
+    "causal",
+    "window_left",
+    "logits_soft_cap",
+    "sm_scale",
+    "use_fp16_qk_reduction",
+    "custom_mask",
+    "packed_custom_mask",
+)
+
+
+def _prefill_spec(call, dtype, qo_indptr, kv_indptr):
+    """The native options of a prefill call over ``qo_indptr``, ``kv_indptr`` (lists), and its
+    ALiBi slopes (``None`` without ALiBi). ``call`` maps the call's argument names to their
+    values (the caller's ``locals()``); ``head_dim_vo=None`` is ``head_dim_qk``, as in
+    FlashInfer."""
+    num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo = _SPEC_SHAPE(call)
+    if head_dim_vo is None:
+        head_dim_vo = head_dim_qk
+    slopes = _slopes(call["pos_encoding_mode"], num_qo_heads)
+    shape = (num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+    options = spec(*shape, dtype, qo_indptr, kv_indptr, *_SPEC_MASKING(call), slopes)
+    return options, slopes

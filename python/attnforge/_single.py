@@ -8,8 +8,8 @@ import functools
 from . import _arrays as A
 from . import _fp8
 from . import _native
-from ._common import _LseShift, _check_o_dtype, _finish, _outputs, _slopes
-from ._options import check_common, refuse, refuse_set, spec
+from ._common import _LseShift, _check_o_dtype, _finish, _outputs, _prefill_spec
+from ._options import check_common, refuse, refuse_set
 from ._page import _check_kv_layout
 
 
@@ -76,27 +76,8 @@ def single_prefill_with_kv_cache(
         key = _single_key(q, k, v, options + (rope_scale, rope_theta))
         entry = None if key is None else _SINGLE_PLANS.get(key)
     if entry is None:
-        entry = _single_plan(
-            q,
-            k,
-            v,
-            scale_q,
-            scale_k,
-            scale_v,
-            o_dtype,
-            custom_mask,
-            packed_custom_mask,
-            causal,
-            kv_layout,
-            pos_encoding_mode,
-            use_fp16_qk_reduction,
-            sm_scale,
-            window_left,
-            logits_soft_cap,
-            rope_scale,
-            rope_theta,
-            backend,
-        )
+        # On a miss only: the plan reads the call's arguments by name.
+        entry = _single_plan(locals())
         if key is not None:
             _SINGLE_PLANS[key] = entry
             if len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
@@ -111,35 +92,19 @@ def single_prefill_with_kv_cache(
     return _finish(out, lse, return_lse, entry.shift)
 
 
-def _single_plan(
-    q,
-    k,
-    v,
-    scale_q,
-    scale_k,
-    scale_v,
-    o_dtype,
-    custom_mask,
-    packed_custom_mask,
-    causal,
-    kv_layout,
-    pos_encoding_mode,
-    use_fp16_qk_reduction,
-    sm_scale,
-    window_left,
-    logits_soft_cap,
-    rope_scale,
-    rope_theta,
-    backend,
-):
-    """Checks a call of ``single_prefill_with_kv_cache`` and plans it."""
-    check_common(pos_encoding_mode, rope_scale, rope_theta, backend, alibi=True)
+def _single_plan(call):
+    """Checks a call of ``single_prefill_with_kv_cache`` (``call``: its arguments by name, its
+    ``locals()``) and plans it."""
+    q, k, v, kv_layout = call["q"], call["k"], call["v"], call["kv_layout"]
+    mode, backend = call["pos_encoding_mode"], call["backend"]
+    check_common(mode, call["rope_scale"], call["rope_theta"], backend, alibi=True)
+    reason = "the scales of fp8 prefill inputs; attnforge's fp8 K/V are paged"
     refuse_set(
-        scale_q=(scale_q, "fp8 queries are not supported"),
-        scale_k=(scale_k, "the scales of fp8 prefill inputs; attnforge's fp8 K/V are paged"),
-        scale_v=(scale_v, "the scales of fp8 prefill inputs; attnforge's fp8 K/V are paged"),
+        scale_q=(call["scale_q"], "fp8 queries are not supported"),
+        scale_k=(call["scale_k"], reason),
+        scale_v=(call["scale_v"], reason),
     )
-    _check_o_dtype(o_dtype, q)
+    _check_o_dtype(call["o_dtype"], q)
     _check_kv_layout(kv_layout)
     for name, x in (("k", k), ("v", v)):
         if _fp8.array_format(x) is not None:
@@ -159,24 +124,10 @@ def _single_plan(
     kv_len, num_kv_heads, _ = (int(n) for n in k.shape)
     head_dim_vo = int(v.shape[2])
     qo_indptr, kv_indptr = [0, qo_len], [0, kv_len]
-    slopes = _slopes(pos_encoding_mode, num_qo_heads)
-    options = spec(
-        num_qo_heads,
-        num_kv_heads,
-        head_dim_qk,
-        head_dim_vo,
-        A.checked_dtype(q, "q"),
-        qo_indptr,
-        kv_indptr,
-        causal,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        use_fp16_qk_reduction,
-        custom_mask,
-        packed_custom_mask,
-        slopes,
-    )
+    heads = {"num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads}
+    dims = {"head_dim_qk": head_dim_qk, "head_dim_vo": head_dim_vo}
+    dtype = A.checked_dtype(q, "q")
+    options, slopes = _prefill_spec({**call, **heads, **dims}, dtype, qo_indptr, kv_indptr)
     device = A.device_of(q)
     plan = _native.RaggedPlan(qo_indptr, kv_indptr, options, device, lazy=True)
     shift = _LseShift.of_batch(slopes, qo_indptr, kv_indptr)
@@ -217,59 +168,38 @@ def single_decode_with_kv_cache(
     A.checked_dtype(q, "q")
     if len(q.shape) != 2:
         raise ValueError(f"invalid q: has shape {tuple(q.shape)}; expected [num_qo_heads, head_dim]")
-    if _fp8.array_format(k) is not None:
-        return _single_decode_fp8(
-            q,
-            k,
-            v,
-            kv_layout,
-            pos_encoding_mode,
-            window_left,
-            logits_soft_cap,
-            sm_scale,
-            rope_scale,
-            rope_theta,
-            (k_scale, v_scale),
-            return_lse,
-        )
-    _fp8.refuse_plain_scales(k_scale, v_scale)
-    o = single_prefill_with_kv_cache(
-        q[None],
-        k,
-        v,
-        causal=True,
-        kv_layout=kv_layout,
+    # The arguments its prefill (or, over fp8, the decode wrapper's plan) takes by the same names.
+    passed = dict(
         pos_encoding_mode=pos_encoding_mode,
-        sm_scale=sm_scale,
         window_left=window_left,
         logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
         rope_scale=rope_scale,
         rope_theta=rope_theta,
-        return_lse=return_lse,
     )
+    if _fp8.array_format(k) is not None:
+        o = _single_decode_fp8(q, k, v, kv_layout, passed, (k_scale, v_scale), return_lse)
+        return _first_row(o, return_lse)
+    _fp8.refuse_plain_scales(k_scale, v_scale)
+    o = single_prefill_with_kv_cache(
+        q[None], k, v, causal=True, kv_layout=kv_layout, return_lse=return_lse, **passed
+    )
+    return _first_row(o, return_lse)
+
+
+def _first_row(o, return_lse):
+    """The one query row of a result: ``o[0]``, or ``(o[0], lse[0])`` when ``return_lse``."""
     if return_lse:
         o, lse = o
         return o[0], lse[0]
     return o[0]
 
 
-def _single_decode_fp8(
-    q,
-    k,
-    v,
-    kv_layout,
-    pos_encoding_mode,
-    window_left,
-    logits_soft_cap,
-    sm_scale,
-    rope_scale,
-    rope_theta,
-    scales,
-    return_lse,
-):
-    """``single_decode_with_kv_cache`` over fp8 ``k``, ``v``: the decode wrapper over a cache of
-    one-token pages (``[kv_len, 1, Hkv, D]`` views of NHD ``k``, ``v``; HND ones are copied into
-    NHD first), planned and run once."""
+def _single_decode_fp8(q, k, v, kv_layout, passed, scales, return_lse):
+    """``single_decode_with_kv_cache`` over fp8 ``k``, ``v`` (``passed``: its arguments the
+    decode wrapper's plan takes, by name): the wrapper over a cache of one-token pages
+    (``[kv_len, 1, Hkv, D]`` views of NHD ``k``, ``v``; HND ones are copied into NHD first),
+    planned and run once; returns the batch of one's result."""
     _check_kv_layout(kv_layout)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
@@ -288,18 +218,9 @@ def _single_decode_fp8(
         num_kv_heads,
         head_dim,
         1,
-        pos_encoding_mode=pos_encoding_mode,
-        window_left=window_left,
-        logits_soft_cap=logits_soft_cap,
         q_data_type=q.dtype,
         kv_data_type=k.dtype,
-        sm_scale=sm_scale,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
+        **passed,
     )
     k_scale, v_scale = scales
-    o = w.run(q[None], pages, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
-    if return_lse:
-        o, lse = o
-        return o[0], lse[0]
-    return o[0]
+    return w.run(q[None], pages, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)

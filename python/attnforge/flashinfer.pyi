@@ -1,5 +1,7 @@
 """Type hints of attnforge.flashinfer. ``Array`` is a numpy array or a torch tensor; results
-come back in the caller's library."""
+come back in the caller's library. The wrappers' base classes are the runtime's (``_Wrapper``,
+``_PagedWrapper``, from ``attnforge._wrapper``); each public function and method keeps its whole
+parameter list, FlashInfer's, which is what type checkers read."""
 
 from typing import Any, Literal, Optional, Tuple, Union, overload
 
@@ -9,6 +11,8 @@ PagedKVCache = Union[Array, Tuple[Array, Array]]
 # A scale of an fp8 KV cache: a number (FlashInfer's type), or an array of one entry or of one
 # entry per KV head (attnforge's extension; read on the host).
 Scale = Union[float, Array]
+# What run() returns: o, or (o, lse) when return_lse.
+Output = Union[Array, Tuple[Array, Array]]
 
 @overload
 def single_prefill_with_kv_cache(
@@ -96,7 +100,25 @@ def single_decode_with_kv_cache(
     return_lse: Literal[True] = True,
 ) -> Tuple[Array, Array]: ...
 
-class BatchPrefillWithRaggedKVCacheWrapper:
+class _Wrapper:
+    def __init__(
+        self,
+        float_workspace_buffer: Array,
+        kv_layout: str,
+        backend: str,
+        jit_args: Optional[Any],
+        graph: Optional[Any] = None,
+        jit_kwargs: Optional[Any] = None,
+    ) -> None: ...
+    @property
+    def is_cuda_graph_enabled(self) -> bool: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
+    ) -> None: ...
+
+class _PagedWrapper(_Wrapper): ...
+
+class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
     def __init__(
         self,
         float_workspace_buffer: Array,
@@ -109,11 +131,6 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         backend: str = "auto",
         jit_args: Optional[Any] = None,
         jit_kwargs: Optional[Any] = None,
-    ) -> None: ...
-    @property
-    def is_cuda_graph_enabled(self) -> bool: ...
-    def reset_workspace_buffer(
-        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
     ) -> None: ...
     def plan(
         self,
@@ -153,12 +170,12 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         lse: Optional[Array] = None,
         return_lse: bool = False,
         enable_pdl: Optional[bool] = None,
-    ) -> Union[Array, Tuple[Array, Array]]: ...
+    ) -> Output: ...
     def run_return_lse(
         self, q: Array, k: Array, v: Array, *args: Any, **kwargs: Any
     ) -> Tuple[Array, Array]: ...
 
-class BatchPrefillWithPagedKVCacheWrapper:
+class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
     def __init__(
         self,
         float_workspace_buffer: Array,
@@ -173,11 +190,6 @@ class BatchPrefillWithPagedKVCacheWrapper:
         backend: str = "auto",
         jit_args: Optional[Any] = None,
         jit_kwargs: Optional[Any] = None,
-    ) -> None: ...
-    @property
-    def is_cuda_graph_enabled(self) -> bool: ...
-    def reset_workspace_buffer(
-        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
     ) -> None: ...
     def plan(
         self,
@@ -229,12 +241,12 @@ class BatchPrefillWithPagedKVCacheWrapper:
         enable_pdl: Optional[bool] = None,
         window_left: Optional[int] = None,
         sinks: Optional[Array] = None,
-    ) -> Union[Array, Tuple[Array, Array]]: ...
+    ) -> Output: ...
     def run_return_lse(
         self, q: Array, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
     ) -> Tuple[Array, Array]: ...
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
     def __init__(
         self,
         float_workspace_buffer: Array,
@@ -248,12 +260,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         jit_args: Optional[Any] = None,
     ) -> None: ...
     @property
-    def is_cuda_graph_enabled(self) -> bool: ...
-    @property
     def use_tensor_cores(self) -> bool: ...
-    def reset_workspace_buffer(
-        self, float_workspace_buffer: Array, int_workspace_buffer: Optional[Array] = None
-    ) -> None: ...
     def plan(
         self,
         indptr: Array,
@@ -293,7 +300,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         window_left: Optional[int] = None,
         sinks: Optional[Array] = None,
         q_len_per_req: Optional[int] = 1,
-    ) -> Union[Array, Tuple[Array, Array]]: ...
+    ) -> Output: ...
     def run_return_lse(
         self, q: Array, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
     ) -> Tuple[Array, Array]: ...

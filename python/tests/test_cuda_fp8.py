@@ -11,21 +11,15 @@ if not torch.cuda.is_available():
     pytest.skip("torch.cuda is not available: no GPU here", allow_module_level=True)
 
 import attnforge.flashinfer as fi  # noqa: E402
-from test_cuda import DEV, check, gather, reference  # noqa: E402
+from test_cuda import DEV, check, gather, paged_cache, reference  # noqa: E402
 
 FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def fp8_cache(kv_lens, page_size, hkv, d, layout, fp8):
     """A combined cache of random fp8 codes (values within a few units) in shuffled pages."""
-    pages_per = [-(-n // page_size) for n in kv_lens]
-    num_pages = sum(pages_per) + 5
-    ids = torch.randperm(num_pages)[: sum(pages_per)].int()
-    indptr = torch.tensor([0] + pages_per).cumsum(0).int()
-    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages_per)]).int()
-    page = (page_size, hkv, d) if layout == "NHD" else (hkv, page_size, d)
-    kv = (torch.randn((num_pages, 2) + page, device=DEV) * 2).to(fp8)
-    return kv, ids, indptr, last
+    kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, layout, torch.float32)
+    return (kv * 2).to(fp8), ids, indptr, last
 
 
 def dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale):

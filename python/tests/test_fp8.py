@@ -4,10 +4,13 @@ into an fp8 cache, and the refusals. numpy caches hold the codes as ``uint8``; t
 float64 attention over the dequantised cache (``code * scale``), with fresh random codes each
 run."""
 
+import functools
+
 import attnforge.flashinfer as fi
 import numpy as np
 import pytest
 
+from pages import check_appended, shuffled_cache
 from reference import attention, fp8_decode, gather_pages
 from test_arrays import TorchLike
 
@@ -25,17 +28,8 @@ def codes_like(fmt, shape, limit=6.0):
 
 def fp8_cache(kv_lens, page_size, hkv, d, layout, combined, fmt):
     """A cache of random codes in shuffled pages, its K/V views, and its page table."""
-    pages_per = [-(-n // page_size) for n in kv_lens]
-    num_pages = sum(pages_per) + 2
-    ids = rng.permutation(num_pages)[: sum(pages_per)].astype(np.int32)
-    indptr = np.cumsum([0] + pages_per).astype(np.int32)
-    last = np.array([n - (p - 1) * page_size for n, p in zip(kv_lens, pages_per)], np.int32)
-    page = (page_size, hkv, d) if layout == "NHD" else (hkv, page_size, d)
-    if combined:
-        kv = codes_like(fmt, (num_pages, 2) + page)
-        return kv, (kv[:, 0], kv[:, 1]), ids, indptr, last
-    k, v = codes_like(fmt, (num_pages,) + page), codes_like(fmt, (num_pages,) + page)
-    return (k, v), (k, v), ids, indptr, last
+    codes = functools.partial(codes_like, fmt)
+    return shuffled_cache(kv_lens, page_size, hkv, d, layout, combined, codes)
 
 
 def dequantized(ck, cv, indptr, ids, last, r, layout, fmt, k_scale, v_scale):
@@ -137,15 +131,7 @@ def test_fp8_append_copies_codes(fmt, page_size):
     fi.append_paged_kv_cache(
         k_new, v_new, batch, pos, cache, ids, indptr, last, kv_data_type=name
     )
-    start = 0
-    for r in range(3):
-        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
-        k0, v0 = gather_pages(*before, indptr, ids, last, r, "NHD")
-        np.testing.assert_array_equal(k[: old[r]], k0[: old[r]])
-        np.testing.assert_array_equal(v[: old[r]], v0[: old[r]])
-        np.testing.assert_array_equal(k[old[r] :], k_new[start : start + new[r]])
-        np.testing.assert_array_equal(v[old[r] :], v_new[start : start + new[r]])
-        start += new[r]
+    check_appended((ck, cv), before, (ids, indptr, last), old, new, (k_new, v_new))
     q = rng.standard_normal((3, hq, d)).astype(np.float16)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8))
     w.plan(indptr, ids, last, hq, hkv, d, page_size, kv_data_type=name)

@@ -5,6 +5,7 @@ import attnforge.flashinfer as fi
 import numpy as np
 import pytest
 
+from pages import check_appended, shuffled_cache
 from reference import attention, gather_pages
 
 rng = np.random.default_rng()
@@ -17,17 +18,7 @@ def rand(shape, dtype=np.float16):
 
 def make_cache(kv_lens, page_size, hkv, d, layout, combined):
     """A cache holding random pages in a shuffled order, and its page table."""
-    pages_per = [-(-n // page_size) for n in kv_lens]
-    num_pages = sum(pages_per) + 3
-    ids = rng.permutation(num_pages)[: sum(pages_per)].astype(np.int32)
-    indptr = np.cumsum([0] + pages_per).astype(np.int32)
-    last = np.array([n - (p - 1) * page_size for n, p in zip(kv_lens, pages_per)], np.int32)
-    page = (page_size, hkv, d) if layout == "NHD" else (hkv, page_size, d)
-    if combined:
-        kv = rand((num_pages, 2) + page)
-        return kv, (kv[:, 0], kv[:, 1]), ids, indptr, last
-    k, v = rand((num_pages,) + page), rand((num_pages,) + page)
-    return (k, v), (k, v), ids, indptr, last
+    return shuffled_cache(kv_lens, page_size, hkv, d, layout, combined, rand)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -87,15 +78,7 @@ def test_append_then_decode(page_size):
         pos, np.concatenate([np.arange(o, o + n) for o, n in zip(old, new)])
     )
     fi.append_paged_kv_cache(k_new, v_new, batch, pos, cache, ids, indptr, last, "NHD")
-    start = 0
-    for r in range(3):
-        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
-        k0, v0 = gather_pages(*before, indptr, ids, last, r, "NHD")
-        np.testing.assert_array_equal(k[: old[r]], k0[: old[r]])
-        np.testing.assert_array_equal(v[: old[r]], v0[: old[r]])
-        np.testing.assert_array_equal(k[old[r] :], k_new[start : start + new[r]])
-        np.testing.assert_array_equal(v[old[r] :], v_new[start : start + new[r]])
-        start += new[r]
+    check_appended((ck, cv), before, (ids, indptr, last), old, new, (k_new, v_new))
     with pytest.raises(NotImplementedError, match="positions"):
         fi.append_paged_kv_cache(k_new, v_new, batch, pos[::-1].copy(), cache, ids, indptr, last)
 
