@@ -21,7 +21,7 @@ namespace prefill {
 struct SharedBounds {
   u32_t base;
 
-  __device__ __forceinline__ __forceinline__ void store(int qo_len, int kv_len, int tok_lo, int tok_hi) const {
+  __device__ __forceinline__ void store(int qo_len, int kv_len, int tok_lo, int tok_hi) const {
     const u32_t slot = base + (threadIdx.x / 32) * BOUNDS_SLOT_BYTES;
     if constexpr (policy::TOKENS_IN_SHARED) {
       asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "r"(qo_len), "r"(kv_len), "r"(tok_lo),
@@ -32,20 +32,20 @@ struct SharedBounds {
     __syncwarp();
   }
 
-  __device__ __forceinline__ __forceinline__ u32_t slot() const {
+  __device__ __forceinline__ u32_t slot() const {
     return base + static_cast<u32_t>(thread_index()) / 32 * BOUNDS_SLOT_BYTES;
   }
 
   // The KV length alone (the copies' valid rows); the mask context `m` with both lengths; the
   // query tile's first and last token (policy::TOKENS_IN_SHARED).
-  __device__ __forceinline__ __forceinline__ int kv_len() const { return ld_shared_s32(slot() + 4); }
-  __device__ __forceinline__ __forceinline__ RequestMaskContext mask(const RequestMaskContext& m) const {
+  __device__ __forceinline__ int kv_len() const { return ld_shared_s32(slot() + 4); }
+  __device__ __forceinline__ RequestMaskContext mask(const RequestMaskContext& m) const {
     RequestMaskContext r = m;
     asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];" : "=r"(r.qo_len), "=r"(r.kv_len) : "r"(slot()));
     return r;
   }
-  __device__ __forceinline__ __forceinline__ int tok_lo() const { return ld_shared_s32(slot() + 8); }
-  __device__ __forceinline__ __forceinline__ int tok_hi() const { return ld_shared_s32(slot() + 12); }
+  __device__ __forceinline__ int tok_lo() const { return ld_shared_s32(slot() + 8); }
+  __device__ __forceinline__ int tok_hi() const { return ld_shared_s32(slot() + 12); }
 };
 
 // Multiplies this thread's Q chunks (loaded by itself) by the f16 prescale, an exact power of two.
@@ -74,28 +74,28 @@ struct LoopBounds {
   const int& tok_last;
   const SharedBounds& shared;
 
-  __device__ __forceinline__ __forceinline__ int kv_len() const {
+  __device__ __forceinline__ int kv_len() const {
     if constexpr (policy::BOUNDS_IN_SHARED) {
       return shared.kv_len();
     } else {
       return m.kv_len;
     }
   }
-  __device__ __forceinline__ __forceinline__ decltype(auto) mask() const {
+  __device__ __forceinline__ decltype(auto) mask() const {
     if constexpr (policy::BOUNDS_IN_SHARED) {
       return shared.mask(m);
     } else {
       return (m);
     }
   }
-  __device__ __forceinline__ __forceinline__ int tok_lo() const {
+  __device__ __forceinline__ int tok_lo() const {
     if constexpr (policy::TOKENS_IN_SHARED) {
       return shared.tok_lo();
     } else {
       return tok_first;
     }
   }
-  __device__ __forceinline__ __forceinline__ int tok_hi() const {
+  __device__ __forceinline__ int tok_hi() const {
     if constexpr (policy::TOKENS_IN_SHARED) {
       return shared.tok_hi();
     } else {
@@ -133,14 +133,14 @@ struct KvLoads {
   const KvSourceIn& kv_src;
 
   __device__ __forceinline__ KTile k_tile(int t) const { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; }
-  __device__ __forceinline__ __forceinline__ VTile v_tile(int t) const { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; }
-  __device__ __forceinline__ __forceinline__ u32_t page_ids(int t) const { return ids_base + (t % 2) * KV_TILE * 4; }
+  __device__ __forceinline__ VTile v_tile(int t) const { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; }
+  __device__ __forceinline__ u32_t page_ids(int t) const { return ids_base + (t % 2) * KV_TILE * 4; }
   // Whether the tile from key k0 comes by the accelerator, and the mbarrier of tile t.
-  __device__ __forceinline__ __forceinline__ bool tma_tile(int k0) const { return kv_tma && m.kv_len - k0 >= KV_TILE; }
-  __device__ __forceinline__ __forceinline__ u32_t tma_bar(int t) const { return tma_bars + static_cast<u32_t>(t % 2) * 8; }
+  __device__ __forceinline__ bool tma_tile(int k0) const { return kv_tma && m.kv_len - k0 >= KV_TILE; }
+  __device__ __forceinline__ u32_t tma_bar(int t) const { return tma_bars + static_cast<u32_t>(t % 2) * 8; }
 
   // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
-  __device__ __forceinline__ __forceinline__ void issue_tma(int t, int k0) const {
+  __device__ __forceinline__ void issue_tma(int t, int k0) const {
     const u32_t bar = tma_bar(t);
     mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
     const int row = kv_start + k0;
@@ -154,7 +154,7 @@ struct KvLoads {
 
   // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
   // last to read (they were issued before the barrier that precedes this call).
-  __device__ __forceinline__ __forceinline__ void stage_next_page_ids(int t) const {
+  __device__ __forceinline__ void stage_next_page_ids(int t) const {
     const int k1 = kv_lo + (t + 1) * KV_TILE;
     if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop.kv_len() - k1);
   }
@@ -162,7 +162,7 @@ struct KvLoads {
   // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
   // The group is committed even when empty (past the last tile) so that every iteration waits for
   // the same groups. Tile 0 is loaded by the prologue, in two groups.
-  __device__ __forceinline__ __forceinline__ void load_kv(int t) const {
+  __device__ __forceinline__ void load_kv(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       if (tma_tile(k0)) {
@@ -178,14 +178,14 @@ struct KvLoads {
 
   // One K/V buffer: tile t's K rows, or its V rows, as one cp.async group, committed even when
   // empty (past the last tile) so that every tile waits for the same groups.
-  __device__ __forceinline__ __forceinline__ void load_k(int t) const {
+  __device__ __forceinline__ void load_k(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
     }
     cp_async_commit();
   }
-  __device__ __forceinline__ __forceinline__ void load_v(int t) const {
+  __device__ __forceinline__ void load_v(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
@@ -195,7 +195,7 @@ struct KvLoads {
 
   // Tile 0, after the Q copies the caller issued: K_0 (with the page ids of tile 1) closes the
   // first cp.async group, V_0 is the second (with TMA, both are the boxes, issued by thread 0).
-  __device__ __forceinline__ __forceinline__ void load_first_tile() const {
+  __device__ __forceinline__ void load_first_tile() const {
     const bool tile0_tma = tma_tile(kv_lo);
     if (tile0_tma) {
       if (threadIdx.x == 0) issue_tma(0, kv_lo);
