@@ -110,7 +110,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   if constexpr (policy::BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
   const LoopBounds loop{m, tok_lo, tok_hi, bounds};
   const bool kv_tma = policy::TMA_KV && p.kv_tma != 0;
-  const KvLoads kv{p,      tile,    m,        loop,     kv_start, kv_lo,  num_tiles, kv_tma,
+  const TmaTileTest tma_tile{kv_tma, m};
+  const KvLoads kv{p,      tile,    m,        loop,     kv_start, kv_lo,  num_tiles, tma_tile,
                    k_base, v_base, ids_base, tma_bars, k_rows,   v_rows, kv_src};
   // With policy::FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
@@ -198,7 +199,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless policy::FIRST_V_LATE; by the
       // accelerator, both with tile 0).
-      if (kv.tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(kv.tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
+      if (tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(kv.tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
       if (t > 0 || !policy::FIRST_V_LATE) {
         wait_copies<0>();
       } else {

@@ -115,6 +115,12 @@ using KvSourceIn = KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS, spec::KV_FP8>;
 // page_ids(t) (t % 2), copied there with tile t - 1's group (tile 0's rows read the page table
 // directly). policy::TMA_KV: the mbarrier tma_bar(t) of buffer t % 2 completes when tile t's boxes
 // have landed (its (t / 2)-th use: the phase parity tile t waits for); whole tiles only.
+struct TmaTileTest {
+  const bool& kv_tma;
+  const RequestMaskContext& m;
+  __device__ bool operator()(int k0) const { return policy::TMA_KV && kv_tma && m.kv_len - k0 >= KV_TILE; }
+};
+
 struct KvLoads {
   const PrefillParams& p;
   const QueryTile& tile;
@@ -123,7 +129,7 @@ struct KvLoads {
   const int& kv_start;
   const int& kv_lo;
   const int& num_tiles;
-  const bool& kv_tma;
+  const TmaTileTest& tma_tile;
   const u32_t& k_base;
   const u32_t& v_base;
   const u32_t& ids_base;
@@ -132,15 +138,14 @@ struct KvLoads {
   const KvRowsIn& v_rows;
   const KvSourceIn& kv_src;
 
-  __device__ __forceinline__ KTile k_tile(int t) const { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; }
-  __device__ __forceinline__ VTile v_tile(int t) const { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; }
-  __device__ __forceinline__ u32_t page_ids(int t) const { return ids_base + (t % 2) * KV_TILE * 4; }
+  __device__ KTile k_tile(int t) const { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; }
+  __device__ VTile v_tile(int t) const { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; }
+  __device__ u32_t page_ids(int t) const { return ids_base + (t % 2) * KV_TILE * 4; }
   // Whether the tile from key k0 comes by the accelerator, and the mbarrier of tile t.
-  __device__ __forceinline__ bool tma_tile(int k0) const { return kv_tma && m.kv_len - k0 >= KV_TILE; }
-  __device__ __forceinline__ u32_t tma_bar(int t) const { return tma_bars + static_cast<u32_t>(t % 2) * 8; }
+  __device__ u32_t tma_bar(int t) const { return tma_bars + static_cast<u32_t>(t % 2) * 8; }
 
   // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
-  __device__ __forceinline__ void issue_tma(int t, int k0) const {
+  __device__ void issue_tma(int t, int k0) const {
     const u32_t bar = tma_bar(t);
     mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
     const int row = kv_start + k0;
@@ -154,15 +159,15 @@ struct KvLoads {
 
   // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
   // last to read (they were issued before the barrier that precedes this call).
-  __device__ __forceinline__ void stage_next_page_ids(int t) const {
+  __device__ void stage_next_page_ids(int t) const {
     const int k1 = kv_lo + (t + 1) * KV_TILE;
-    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop.kv_len() - k1);
+    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(ids_base + ((t + 1) % 2) * KV_TILE * 4, k_rows, k1, loop.kv_len() - k1);
   }
 
   // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
   // The group is committed even when empty (past the last tile) so that every iteration waits for
   // the same groups. Tile 0 is loaded by the prologue, in two groups.
-  __device__ __forceinline__ void load_kv(int t) const {
+  __device__ void load_kv(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       if (tma_tile(k0)) {
@@ -178,14 +183,14 @@ struct KvLoads {
 
   // One K/V buffer: tile t's K rows, or its V rows, as one cp.async group, committed even when
   // empty (past the last tile) so that every tile waits for the same groups.
-  __device__ __forceinline__ void load_k(int t) const {
+  __device__ void load_k(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
     }
     cp_async_commit();
   }
-  __device__ __forceinline__ void load_v(int t) const {
+  __device__ void load_v(int t) const {
     if (t < num_tiles) {
       const int k0 = kv_lo + t * KV_TILE;
       load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
@@ -195,7 +200,7 @@ struct KvLoads {
 
   // Tile 0, after the Q copies the caller issued: K_0 (with the page ids of tile 1) closes the
   // first cp.async group, V_0 is the second (with TMA, both are the boxes, issued by thread 0).
-  __device__ __forceinline__ void load_first_tile() const {
+  __device__ void load_first_tile() const {
     const bool tile0_tma = tma_tile(kv_lo);
     if (tile0_tma) {
       if (threadIdx.x == 0) issue_tma(0, kv_lo);
