@@ -5,13 +5,12 @@
 // epilogue (normalise and store, or a split plan's partial result).
 //
 // The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
-// rows), prefill_kv_pipeline.cuh (the request's bounds as the KV loop reads them, LoopBounds; the
-// Q prescale), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
-// prefill_step.cuh (step_subtile: a sub-tile's S = Q K^T, logits, mask, online softmax update and
-// P V), prefill_epilogue.cuh
-// (write_result: normalise and store). The K/V loads are lambdas here, over run_cta's locals. Every
-// tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
-// compile --explain NAME` prints them).
+// rows), prefill_kv_pipeline.cuh (the K/V loads, KvLoads, over run_cta's locals; the request's
+// bounds as the KV loop reads them, LoopBounds; the Q prescale), prefill_products.cuh (S = Q K^T
+// and O += P V by mma.sync or wgmma), prefill_step.cuh (step_subtile: a sub-tile's S = Q K^T,
+// logits, mask, online softmax update and P V), prefill_epilogue.cuh (write_result: normalise and
+// store). Every tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs;
+// `attnforge compile --explain NAME` prints them).
 //
 // Per sub-tile, S = Q K^T is computed with f32 or f16 accumulators; the variant and the mask see S
 // as f32; the online softmax updates its state and O += P V accumulates in f32. Tiles wholly
@@ -101,7 +100,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
 
   // Shared memory after the K/V buffers: the staged page ids, the K/V source's row bases, the TMA
   // mbarriers, the request's bounds (with policy::BOUNDS_IN_SHARED stored here, before the first
-  // copy that reads them; LoopBounds).
+  // copy that reads them; LoopBounds). Then the K/V loads over all of these (KvLoads).
   const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
   const KvSourceIn kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
@@ -199,7 +198,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless policy::FIRST_V_LATE; by the
       // accelerator, both with tile 0).
-      if (tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(kv.tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
+      if (kv.tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(kv.tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
       if (t > 0 || !policy::FIRST_V_LATE) {
         wait_copies<0>();
       } else {
