@@ -5,13 +5,12 @@
 // epilogue (normalise and store, or a split plan's partial result).
 //
 // The pieces it calls, by role: prefill_tile.cuh (the tile's constants, shared-memory map and
-// rows), prefill_kv_pipeline.cuh (the request's bounds as the KV loop reads them, LoopBounds; the
-// Q prescale), prefill_products.cuh (S = Q K^T and O += P V by mma.sync or wgmma),
-// prefill_step.cuh (step_subtile: a sub-tile's S = Q K^T, logits, mask, online softmax update and
-// P V), prefill_epilogue.cuh
-// (write_result: normalise and store). The K/V loads are lambdas here, over run_cta's locals. Every
-// tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs; `attnforge
-// compile --explain NAME` prints them).
+// rows), prefill_kv_pipeline.cuh (the K/V loads, KvLoads, over run_cta's locals; the request's
+// bounds as the KV loop reads them, LoopBounds; the Q prescale), prefill_products.cuh (S = Q K^T
+// and O += P V by mma.sync or wgmma), prefill_step.cuh (step_subtile: a sub-tile's S = Q K^T,
+// logits, mask, online softmax update and P V), prefill_epilogue.cuh (write_result: normalise and
+// store). Every tuning choice arrives from Rust as a `policy::` constant (src/codegen/policy.rs;
+// `attnforge compile --explain NAME` prints them).
 //
 // Per sub-tile, S = Q K^T is computed with f32 or f16 accumulators; the variant and the mask see S
 // as f32; the online softmax updates its state and O += P V accumulates in f32. Tiles wholly
@@ -87,9 +86,6 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   const QTile q_tile{smem_base};
   const u32_t k_base = q_tile.base + Q_TILE_BYTES;
   const u32_t v_base = k_base + KV_STAGES * K_TILE_BYTES;
-  // The K and V buffers of tile t (double-buffered: t % 2).
-  auto k_tile = [&](int t) { return KTile{k_base + (t % KV_STAGES) * K_TILE_BYTES}; };
-  auto v_tile = [&](int t) { return VTile{v_base + (t % KV_STAGES) * V_TILE_BYTES}; };
 
   const DTypeIn* q_ptr = static_cast<const DTypeIn*>(p.q);
   // Ragged rows start at the request's first key; paged rows at its first page.
@@ -102,74 +98,20 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
                         p.v_stride_token, pages, p.v_page_stride, p.page_shift, p.page_mask,
                         kv_scale<spec::KV_FP8>(p.v_scale, p.kv_scale_head_stride, tile.kv_head)};
 
-  // Paged: the page ids of tile t sit in stage t % 2, copied there with tile t - 1's group (tile
-  // 0's rows read the page table directly). The threads' K and V base pointers follow.
+  // Shared memory after the K/V buffers: the staged page ids, the K/V source's row bases, the TMA
+  // mbarriers, the request's bounds (with policy::BOUNDS_IN_SHARED stored here, before the first
+  // copy that reads them; LoopBounds). Then the K/V loads over all of these (KvLoads).
   const u32_t ids_base = v_base + KV_STAGES * V_TILE_BYTES;
-  auto page_ids = [&](int t) { return ids_base + (t % 2) * KV_TILE * 4; };
-  const KvSource<DTypeIn, spec::KV_PAGED, NUM_THREADS, spec::KV_FP8> kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
+  const KvSourceIn kv_src(k_rows, v_rows, ids_base + PAGE_IDS_BYTES);
 
-  // policy::TMA_KV: the mbarrier of buffer t % 2 completes when tile t's boxes have landed (its
-  // (t / 2)-th use: the phase parity tile t waits for). Whole tiles only.
   const u32_t tma_bars = ids_base + PAGE_IDS_BYTES + KV_BASES_BYTES;
-  // The request's bounds as the KV loop takes them (LoopBounds; with policy::BOUNDS_IN_SHARED
-  // stored here, before the first copy that reads them).
   const SharedBounds bounds{tma_bars + TMA_BARRIER_BYTES};
   if constexpr (policy::BOUNDS_IN_SHARED) bounds.store(m.qo_len, m.kv_len, tok_lo, tok_hi);
   const LoopBounds loop{m, tok_lo, tok_hi, bounds};
   const bool kv_tma = policy::TMA_KV && p.kv_tma != 0;
-  auto tma_tile = [&](int k0) { return kv_tma && m.kv_len - k0 >= KV_TILE; };
-  auto tma_bar = [&](int t) { return tma_bars + static_cast<u32_t>(t % 2) * 8; };
-  // Tile t (keys k0..) by the accelerator: issued by thread 0 alone.
-  auto issue_tma = [&](int t, int k0) {
-    const u32_t bar = tma_bar(t);
-    mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-    const int row = kv_start + k0;
-#pragma unroll
-    for (int g = 0; g < QK_CHUNKS / 8; ++g)
-      tma_load_3d(k_tile(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, tile.kv_head, row, bar);
-#pragma unroll
-    for (int g = 0; g < VO_CHUNKS / 8; ++g)
-      tma_load_3d(v_tile(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, tile.kv_head, row, bar);
-  };
-
-  // Paged: the page ids of tile t + 1 into stage (t + 1) % 2, which tile t - 1's copies were the
-  // last to read (they were issued before the barrier that precedes this call).
-  auto stage_next_page_ids = [&](int t) {
-    const int k1 = kv_lo + (t + 1) * KV_TILE;
-    if (t + 1 < num_tiles) stage_page_ids_async<KV_TILE, NUM_THREADS>(page_ids(t + 1), k_rows, k1, loop.kv_len() - k1);
-  };
-  // Tile t >= 1: K and V go to buffer t % 2 as one cp.async group, with the next tile's page ids.
-  // The group is committed even when empty (past the last tile) so that every iteration waits for
-  // the same groups. Tile 0 is loaded by the prologue, in two groups.
-  auto load_kv = [&](int t) {
-    if (t < num_tiles) {
-      const int k0 = kv_lo + t * KV_TILE;
-      if (tma_tile(k0)) {
-        if (threadIdx.x == 0) issue_tma(t, k0);
-      } else {
-        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, loop.kv_len() - k0);
-        stage_next_page_ids(t);
-      }
-    }
-    cp_async_commit();
-  };
-  // One K/V buffer: tile t's K rows, or its V rows, as one cp.async group, committed even when
-  // empty (past the last tile) so that every tile waits for the same groups.
-  auto load_k = [&](int t) {
-    if (t < num_tiles) {
-      const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(t), k_rows, k0, m.kv_len - k0);
-    }
-    cp_async_commit();
-  };
-  auto load_v = [&](int t) {
-    if (t < num_tiles) {
-      const int k0 = kv_lo + t * KV_TILE;
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(t), v_rows, k0, m.kv_len - k0);
-    }
-    cp_async_commit();
-  };
+  const TmaTileTest tma_tile{kv_tma, m};
+  const KvLoads kv{p,      tile,    m,        loop,     kv_start, kv_lo,  num_tiles, tma_tile,
+                   k_base, v_base, ids_base, tma_bars, k_rows,   v_rows, kv_src};
   // With policy::FIRST_V_LATE, tile 0's S = Q K^T is computed while its V rows still land (their own
   // group, the second of the prologue); before the first P V the CTA waits for them and publishes
   // them. Otherwise the first tile waits for both groups. With one K/V buffer every tile's V rows
@@ -202,8 +144,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       // The barriers, initialised before any thread waits on one (thread 0 issues tile 0's boxes
       // below, after its own initialisation).
       if (threadIdx.x == 0) {
-        mbarrier_init_one(tma_bar(0));
-        mbarrier_init_one(tma_bar(1));
+        mbarrier_init_one(kv.tma_bar(0));
+        mbarrier_init_one(kv.tma_bar(1));
       }
       __syncthreads();
     }
@@ -217,16 +159,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
         cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
       });
     }
-    const bool tile0_tma = tma_tile(kv_lo);
-    if (tile0_tma) {
-      if (threadIdx.x == 0) issue_tma(0, kv_lo);
-    } else {
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
-      stage_next_page_ids(0);
-    }
-    cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
-    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
-    cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)
+    kv.load_first_tile();
     if constexpr (spec::QK_F16_ACCUM) {
       // Each thread scales the Q chunks it copied itself, once they have landed (with K_0, which
       // the first tile waits for anyway); the first tile's barrier publishes them. Out of the main
@@ -259,13 +192,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       }
       __syncthreads();
       if constexpr (policy::K_FREE_BEFORE_PV) {
-        if (t > 0) load_v(t);
+        if (t > 0) kv.load_v(t);
       }
       v_pending = true;
     } else {
       // K_t and V_t have landed (tile 0: Q and K_0; V_0 too unless policy::FIRST_V_LATE; by the
       // accelerator, both with tile 0).
-      if (tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
+      if (kv.tma_tile(kv_lo + t * KV_TILE)) mbarrier_wait_parity(kv.tma_bar(t), static_cast<u32_t>(t / 2) & 1u);
       if (t > 0 || !policy::FIRST_V_LATE) {
         wait_copies<0>();
       } else {
@@ -274,7 +207,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       __syncthreads();
       // Every warp is done with tile t - 1: tile t + 1 may overwrite its buffers, and loads
       // while this whole tile computes.
-      load_kv(t + 1);
+      kv.load_kv(t + 1);
     }
     // Not unrolled: sub-tiles share no registers, and unrolling would keep two sets of
     // addresses and fragments live. With key-split warps, warp w takes sub-tiles w, w + NUM_WARPS..
@@ -293,7 +226,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       // policy::K_FREE_BEFORE_PV (f32 QK: one piece with one buffer; f16 QK with one P V).
       auto await_v_free_k = [&]() {
         await_v();
-        if constexpr (SINGLE_BUFFER) load_k(t + 1);
+        if constexpr (SINGLE_BUFFER) kv.load_k(t + 1);
       };
       // The sub-tile's registers: with f16 QK its packed accumulators, and its logits as floats
       // (STEP_KEYS keys at a time). Declared here, not in step_subtile: there they moved ptxas's
@@ -306,13 +239,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       if (v_pending) {
         // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.
         await_v();
-        if constexpr (policy::K_FREE_BEFORE_PV) load_k(t + 1);
+        if constexpr (policy::K_FREE_BEFORE_PV) kv.load_k(t + 1);
       }
       if constexpr (!policy::K_FREE_BEFORE_PV) {
         // Every warp is done with V_t and K_t: tile t + 1's rows may overwrite them.
         __syncthreads();
-        load_k(t + 1);
-        load_v(t + 1);
+        kv.load_k(t + 1);
+        kv.load_v(t + 1);
       }
     }
   }
