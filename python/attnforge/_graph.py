@@ -115,6 +115,7 @@ class PagedGraph:
         self.buffers = (qo_indptr, indptr, indices, last_page_len)
         self.max_rows = None
         self.native = None
+        self.split = None  # the KV split of the first plan (PagedPlan's keyword arguments)
 
     def check(self, batch, num_pages, rows=None):
         """FlashInfer's checks of a plan in CUDA-graph mode: the batch size of the buffers, the
@@ -133,18 +134,26 @@ class PagedGraph:
             if buf is not None:
                 _write(buf, values)
 
-    def plan(self, args, device, kv_fp8, rows_per_request):
+    def plan(self, args, device, kv_fp8, rows_per_request, split):
         """The graph-stable native plan of ``args`` (``_native.PagedPlan``'s first seven
         arguments): made on the first call for the capacity (queries per request at most
-        ``rows_per_request``; None: as many as the first plan's rows), re-planned in place
-        after."""
+        ``rows_per_request``; None: as many as the first plan's rows) and the KV split
+        ``split`` (``PagedPlan``'s keyword arguments), re-planned in place after (the split
+        must stay the one the graph was planned with)."""
         qo = args[0]
         if self.native is None:
             rows = qo[-1]
             per_request = rows if rows_per_request is None else rows_per_request
             capacity = (self.batch, rows, per_request, self.max_pages)
-            self.native = _native.PagedPlan(*args, device, kv_fp8, capacity)
+            self.native = _native.PagedPlan(*args, device, kv_fp8, capacity, **split)
             self.max_rows = rows
+            self.split = split
         else:
+            if split != self.split:
+                raise ValueError(
+                    "fixed_split_size and disable_split_kv: with use_cuda_graph=True they stay "
+                    f"as the first plan set them ({self.split or 'the planner chooses'}); "
+                    f"this plan asks for {split or 'the planner to choose'}"
+                )
             self.native.replan(*args, A.current_stream(device), kv_fp8)
         return self.native

@@ -48,6 +48,8 @@ class PagedPlan:
         device: int,
         kv_fp8: Optional[str] = None,
         graph: Optional[Tuple[int, int, int, int]] = None,
+        unsplit: bool = False,
+        chunk_keys: Optional[int] = None,
     ) -> None: ...
     def replan(
         self,

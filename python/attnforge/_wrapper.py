@@ -3,6 +3,8 @@ wrappers: ``_Wrapper`` (the workspace's device, the layout, the CUDA-graph mode,
 ``plan`` makes first, the planned dtypes and the plan ``run`` reads) and ``_PagedWrapper`` (the
 paged wrappers' plan over a page table, its variants with attention sinks, and ``run``)."""
 
+import operator
+
 from . import _arrays as A
 from . import _fp8
 from . import _native
@@ -31,20 +33,46 @@ def _refuse_in_graphs(pos_encoding_mode, masks=(None, None)):
 
 
 def _refuse_plan_extras(call):
-    """Refuses multi-item scoring and a chosen KV split (``call``: the plan's arguments by name;
-    those a wrapper's plan does not take are FlashInfer's defaults)."""
+    """Refuses multi-item scoring, and a chosen KV split where the plan has no pages (``call``:
+    the plan's arguments by name; those a wrapper's plan does not take are FlashInfer's
+    defaults)."""
     reason = "multi-item scoring is not supported"
-    split = "attnforge's planner chooses the KV split"
     refuse_set(
         prefix_len_ptr=(call.get("prefix_len_ptr"), reason),
         token_pos_in_items_ptr=(call.get("token_pos_in_items_ptr"), reason),
         max_item_len_ptr=(call.get("max_item_len_ptr"), reason),
-        fixed_split_size=(call["fixed_split_size"], split),
     )
     if call.get("token_pos_in_items_len"):
         refuse("token_pos_in_items_len", call["token_pos_in_items_len"], reason)
-    if call["disable_split_kv"]:
-        refuse("disable_split_kv", call["disable_split_kv"], split)
+    if "page_size" not in call:
+        split = "a chosen KV split is supported by the paged wrappers; here the planner chooses"
+        refuse_set(fixed_split_size=(call["fixed_split_size"], split))
+        if call["disable_split_kv"]:
+            refuse("disable_split_kv", call["disable_split_kv"], split)
+
+
+# Keys of attnforge's KV tiles, every kernel that splits a KV range: a chunk is a multiple of it.
+_SPLIT_KEYS_MULTIPLE = 64
+
+
+def _split_choice(call):
+    """The KV split a paged plan asks for, as ``_native.PagedPlan``'s keyword arguments:
+    ``disable_split_kv=True`` never splits; ``fixed_split_size`` (FlashInfer's unit: pages)
+    cuts each request's keys into chunks of that many pages, rounded up to a multiple of
+    attnforge's 64-key tile; neither leaves the choice to the planner."""
+    pages, disable = call["fixed_split_size"], call["disable_split_kv"]
+    if pages is None:
+        return {"unsplit": True} if disable else {}
+    if disable:
+        raise ValueError("fixed_split_size and disable_split_kv=True: give one or neither")
+    try:
+        count = None if isinstance(pages, bool) else operator.index(pages)
+    except TypeError:
+        count = None
+    if count is None or count <= 0:
+        raise ValueError(f"invalid fixed_split_size: is {pages!r}; expected a positive int (pages)")
+    keys = count * int(call["page_size"])
+    return {"chunk_keys": -(-keys // _SPLIT_KEYS_MULTIPLE) * _SPLIT_KEYS_MULTIPLE}
 
 
 class _Wrapper:
@@ -89,6 +117,7 @@ class _Wrapper:
         _refuse_plan_extras(call)
         refuse_set(**{name: (call[name], reason) for name in others})
         self._plan_dtype(call["q_data_type"], call["kv_data_type"], fp8_cache)
+        self._split = _split_choice(call) if "page_size" in call else {}
 
     def _plan_dtype(self, q_data_type, kv_data_type, fp8_cache=False):
         """The planned dtypes: q's, and the cache's fp8 format (``fp8_cache``: whether this
@@ -128,7 +157,7 @@ class _PagedWrapper(_Wrapper):
         if self._graph is not None:
             native = self._graph_plan(args, rows_per_request, pos_encoding_mode, masks)
         else:
-            native = _native.PagedPlan(*args, self._device, self._kv_fp8)
+            native = _native.PagedPlan(*args, self._device, self._kv_fp8, **self._split)
         self._paged_args = args
         self._sink_plans = {}
         return native
@@ -142,7 +171,7 @@ class _PagedWrapper(_Wrapper):
         g = self._graph
         g.check(len(last), len(indices), qo[-1])
         try:
-            native = g.plan(args, self._device, self._kv_fp8, rows_per_request)
+            native = g.plan(args, self._device, self._kv_fp8, rows_per_request, self._split)
         except Exception:
             # The wrapper keeps the plan it had, and the dtypes that plan was made for.
             if self._plan is not None:
@@ -165,7 +194,7 @@ class _PagedWrapper(_Wrapper):
         if plan is None:
             *table, options = self._paged_args
             options = dict(options, sinks=list(values))
-            plan = _native.PagedPlan(*table, options, self._device, self._kv_fp8)
+            plan = _native.PagedPlan(*table, options, self._device, self._kv_fp8, **self._split)
             if len(self._sink_plans) >= _SINK_PLANS_MAX:
                 self._sink_plans.pop(next(iter(self._sink_plans)))
             self._sink_plans[values] = plan

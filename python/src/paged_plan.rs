@@ -12,7 +12,7 @@ use crate::plans::{
 };
 use crate::spec::AttnSpec;
 use attnforge::cuda::{
-    self as ac, DeviceFp8Kv, DevicePagedKv, Engine, PagedGraphCapacity, PlanOptions,
+    self as ac, DeviceFp8Kv, DevicePagedKv, Engine, PagedGraphCapacity, PlanOptions, SplitChoice,
 };
 use attnforge::dtype::fp8::Fp8Format;
 use attnforge::paged::{Fp8Kv, KvScales, KvStorage, PageTable, PagedAttention, PagedKvLayout};
@@ -38,6 +38,8 @@ pub struct PagedPlan {
     device: Option<DevicePlans<PagedKey, ac::PagedPlan>>,
     /// `use_cuda_graph`: the capacity the device plans are graph-stable for.
     graph: Option<PagedGraphCapacity>,
+    /// How the device plans cut each request's KV range (`unsplit`, `chunk_keys`).
+    split: SplitChoice,
     /// Graph-stable plans on a GPU: the pages of the cache the last run read (0 before the
     /// first), which bounds the page ids of a re-plan (a replayed graph reads that cache).
     cache_pages: AtomicUsize,
@@ -113,15 +115,19 @@ impl PagedParts {
     }
 }
 
-/// The device plan of `paged` over a cache of `kv_fp8` codes (or none): graph-stable for
-/// `graph`, or not.
+/// The device plan of `paged` over a cache of `kv_fp8` codes (or none), its KV range cut as
+/// `split` says: graph-stable for `graph`, or not.
 fn device_plan(
     engine: &Engine,
     paged: &PagedAttention,
     kv_fp8: Option<Fp8Format>,
     graph: Option<PagedGraphCapacity>,
+    split: SplitChoice,
 ) -> PyResult<ac::PagedPlan> {
-    let options = PlanOptions::default();
+    let options = PlanOptions {
+        split,
+        ..PlanOptions::default()
+    };
     match graph {
         Some(capacity) => ac::PagedPlan::graph_stable(engine, paged, kv_fp8, options, capacity),
         None => ac::PagedPlan::with_kv_fp8(engine, paged, kv_fp8, options),
@@ -153,10 +159,13 @@ impl PagedPlan {
     /// With `graph` (`max_batch, max_qo_tokens, max_qo_len, max_pages`), the device plans are
     /// graph-stable (`use_cuda_graph`): `replan` writes later batches within that capacity into
     /// their buffers, so that a graph captured around `run` replays them.
+    /// The planner chooses how to split each request's KV range across CTAs, unless `unsplit`
+    /// (never split) or `chunk_keys` (chunks of that many keys, a positive multiple of the
+    /// kernel's KV tile; 64 is one for every kernel that splits) says otherwise.
     #[new]
     #[pyo3(signature = (
         qo_indptr, kv_page_indptr, kv_page_indices, kv_last_page_len, page_size, kv_layout, spec,
-        device, kv_fp8 = None, graph = None
+        device, kv_fp8 = None, graph = None, unsplit = false, chunk_keys = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -170,8 +179,21 @@ impl PagedPlan {
         device: i64,
         kv_fp8: Option<&str>,
         graph: Option<(usize, usize, usize, usize)>,
+        unsplit: bool,
+        chunk_keys: Option<usize>,
     ) -> PyResult<Self> {
         let kv_fp8 = fp8_format(kv_fp8)?;
+        let split = match (unsplit, chunk_keys) {
+            (false, None) => SplitChoice::Planned,
+            (true, None) => SplitChoice::Unsplit,
+            (false, Some(keys)) => SplitChoice::ChunkKeys(keys),
+            (true, Some(_)) => {
+                return Err(invalid(
+                    "chunk_keys",
+                    "give unsplit or chunk_keys, not both",
+                ))
+            }
+        };
         let PagedParts {
             problem,
             table,
@@ -201,6 +223,7 @@ impl PagedPlan {
             kv_fp8,
             device: None,
             graph,
+            split,
             cache_pages: AtomicUsize::new(0),
         };
         let contiguous = plan.problem.q_view;
@@ -217,7 +240,7 @@ impl PagedPlan {
             for storage in storages {
                 let paged = plan.paged(PagedKvLayout { storage, ..layout }, contiguous, true)?;
                 let key = (storage, contiguous.token_stride, contiguous.head_stride);
-                device.get(key, |e| device_plan(e, &paged, kv_fp8, graph))?;
+                device.get(key, |e| device_plan(e, &paged, kv_fp8, graph, split))?;
             }
             plan.device = Some(device);
         }
@@ -315,6 +338,7 @@ impl PagedPlan {
                 kv_fp8: self.kv_fp8,
                 device: None,
                 graph: self.graph,
+                split: self.split,
                 cache_pages: AtomicUsize::new(captured),
             },
         );
@@ -474,7 +498,7 @@ impl PagedPlan {
                         ..self.layout
                     };
                     let paged = self.paged(planned, qv, true)?;
-                    device_plan(e, &paged, self.kv_fp8, self.graph)
+                    device_plan(e, &paged, self.kv_fp8, self.graph, self.split)
                 })?;
                 self.cache_pages.store(layout.num_pages, Ordering::Relaxed);
                 let stream = gpu::stream(&device.engine, stream);

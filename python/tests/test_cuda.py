@@ -233,6 +233,26 @@ def test_decode_and_cuda_graph(layout, window_left, cap, page_size):
         check(out[r : r + 1], want, torch.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "split", [{}, {"disable_split_kv": True}, {"fixed_split_size": 3}, {"fixed_split_size": 64}]
+)
+def test_decode_split_choices(split):
+    """FlashInfer's KV-split arguments: unsplit, and chunks of 3 pages (rounded up to 64 keys)
+    or 64 pages, over requests long enough for the planner to split."""
+    hq, hkv, d, page_size = 32, 8, 128, 16
+    kv_lens = [4000, 1, 700, 2048]
+    kv, ids, indptr, last = paged_cache(kv_lens, page_size, hkv, d, "NHD")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(indptr, ids, last, hq, hkv, d, page_size, **split)
+    q = torch.randn(len(kv_lens), hq, d, dtype=torch.float16, device=DEV)
+    o = w.run(q, kv)
+    for r in range(len(kv_lens)):
+        k, v = gather(kv, ids, indptr, last, r, "NHD", page_size)
+        want, _ = reference(q[r : r + 1], k, v)
+        check(o[r : r + 1], want, torch.float16)
+
+
 def test_merges_on_the_gpu():
     seq, h, d = 77, 8, 128
     v = torch.randn(seq, 3, h, d, dtype=torch.float16, device=DEV)

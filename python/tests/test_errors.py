@@ -121,3 +121,35 @@ def test_cuda_graph_decode_wrapper_needs_consistent_buffers():
         fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, idx, idx, idx)
     with pytest.raises(TypeError, match="fast_decode_plan"):
         fi.fast_decode_plan(object(), idx, idx, idx, 1, 1, 64, 1)
+
+
+def test_paged_split_choices():
+    """The paged wrappers take FlashInfer's KV-split arguments (the ragged one refuses them,
+    above); bad values are ValueErrors naming them, and the results do not depend on them."""
+    from attnforge._wrapper import _split_choice
+
+    call = {"page_size": 16, "fixed_split_size": None, "disable_split_kv": False}
+    assert _split_choice(call) == {}
+    assert _split_choice(dict(call, disable_split_kv=True)) == {"unsplit": True}
+    # pages -> keys, rounded up to a multiple of the 64-key tile
+    assert _split_choice(dict(call, fixed_split_size=4)) == {"chunk_keys": 64}
+    assert _split_choice(dict(call, fixed_split_size=5)) == {"chunk_keys": 128}
+    assert _split_choice(dict(call, fixed_split_size=np.int64(8))) == {"chunk_keys": 128}
+    ws = np.empty(1, np.uint8)
+    cache = rng.standard_normal((2, 2, 16, 2, 64)).astype(np.float16)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float16)
+    outs = []
+    for kwargs in ({}, {"disable_split_kv": True}, {"fixed_split_size": 1}):
+        d = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+        d.plan([0, 2], [0, 1], [4], 4, 2, 64, 16, **kwargs)
+        outs.append(d.run(q, cache))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    d = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    for bad in (0, -2, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="fixed_split_size"):
+            d.plan([0, 2], [0, 1], [4], 4, 2, 64, 16, fixed_split_size=bad)
+    with pytest.raises(ValueError, match="disable_split_kv"):
+        d.plan([0, 2], [0, 1], [4], 4, 2, 64, 16, fixed_split_size=2, disable_split_kv=True)
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+    p.plan([0, 1], [0, 2], [0, 1], [4], 4, 2, 64, 16, fixed_split_size=2)
