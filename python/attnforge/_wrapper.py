@@ -153,7 +153,11 @@ class _PagedWrapper(_Wrapper):
     def _plan_paged(self, args, rows_per_request, pos_encoding_mode, masks=(None, None)):
         """The plan of ``args`` (``_native.PagedPlan``'s first seven), over the caller's buffers
         with ``use_cuda_graph`` (see ``_graph_plan``), kept with what its plans with sinks are
-        made from."""
+        made from. Page ids past ``indptr[-1]`` are not read (FlashInfer's kernels read only the
+        entries the indptr points to, so callers may pass a longer buffer)."""
+        qo, indptr, indices = args[:3]
+        if indptr and len(indices) > indptr[-1] >= 0:
+            args = (qo, indptr, indices[: indptr[-1]]) + tuple(args[3:])
         if self._graph is not None:
             native = self._graph_plan(args, rows_per_request, pos_encoding_mode, masks)
         else:

@@ -22,15 +22,16 @@ def fp8_cache(kv_lens, page_size, hkv, d, layout, fp8):
     return (kv * 2).to(fp8), ids, indptr, last
 
 
-def dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale):
-    """Request ``r``'s K and V as ``code * scale`` (an f32 product), NHD, float64 (the codes
-    decoded to f32 before they are gathered)."""
+def dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale, dtype):
+    """Request ``r``'s K and V dequantised as docs/semantics.md defines it, ``dtype(code *
+    scale)`` (an f32 product rounded to the queries' dtype), NHD, float64 (the codes decoded to
+    f32 before they are gathered)."""
     k, v = gather(kv.float(), ids, indptr, last, r, layout, page_size)
     hkv = k.shape[1]
 
     def scaled(x, s):
         s = torch.as_tensor(s, dtype=torch.float32, device=DEV).reshape(-1).expand(hkv)
-        return (x * s[None, :, None]).double()
+        return (x * s[None, :, None]).to(dtype).double()
 
     return scaled(k, k_scale), scaled(v, v_scale)
 
@@ -61,7 +62,7 @@ def test_fp8_decode_and_cuda_graph(fp8, layout, page_size):
     graph.replay()
     torch.cuda.synchronize()
     for r in range(batch):
-        k, v = dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale)
+        k, v = dequantized(kv, ids, indptr, last, r, layout, page_size, k_scale, v_scale, q.dtype)
         want, _ = reference(q[r : r + 1], k, v, causal=True)
         check(out[r : r + 1], want, torch.bfloat16)
 
@@ -88,7 +89,7 @@ def test_fp8_paged_prefill_per_head_scales(fp8, form, page_size):
     w.plan(qo_indptr, indptr, ids, last, hq, hkv, d, page_size, causal=True, kv_data_type=fp8)
     o, lse = w.run(q, cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
     for r in range(len(kv_lens)):
-        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, k_scale, v_scale)
+        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, k_scale, v_scale, q.dtype)
         qs = slice(int(qo_indptr[r]), int(qo_indptr[r + 1]))
         want_o, want_lse = reference(q[qs], k, v, causal=True)
         check(o[qs], want_o, torch.float16)
@@ -132,7 +133,7 @@ def test_fp8_append_copies_codes_on_the_gpu(fp8, page_size):
     w.plan(indptr, ids, last, hq, hkv, d, page_size, kv_data_type=fp8)
     o = w.run(q, kv, k_scale=0.5, v_scale=0.8)
     for r in range(3):
-        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, 0.5, 0.8)
+        k, v = dequantized(kv, ids, indptr, last, r, "NHD", page_size, 0.5, 0.8, q.dtype)
         want, _ = reference(q[r : r + 1], k, v, causal=True)
         check(o[r : r + 1], want, torch.float16)
 
@@ -191,6 +192,7 @@ def test_fp8_single_decode(fp8, kv_layout):
     o, lse = fi.single_decode_with_kv_cache(
         q, kk, vv, kv_layout=kv_layout, k_scale=0.3, v_scale=1.5, return_lse=True
     )
-    want_o, want_lse = reference(q[None], k.float() * 0.3, v.float() * 1.5)
+    kd, vd = ((x.float() * s).to(q.dtype) for x, s in ((k, 0.3), (v, 1.5)))
+    want_o, want_lse = reference(q[None], kd, vd)
     check(o[None], want_o, torch.bfloat16)
     torch.testing.assert_close(lse[None].double(), want_lse, atol=2e-3, rtol=1e-3)

@@ -60,6 +60,33 @@ def test_decode(layout, window_left, cap, page_size):
         np.testing.assert_allclose(o[r : r + 1].astype(np.float64), want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("decode", [False, True])
+def test_page_ids_past_the_indptr_are_not_read(decode):
+    """As FlashInfer, a page-id array longer than ``indptr[-1]`` (a buffer, or the ids of a
+    larger batch replanned for its first requests) is read only up to ``indptr[-1]``; the rest,
+    here out of range, is ignored."""
+    hq, hkv, d, page_size = 4, 2, 64, 8
+    kv_lens = [30, 9, 17]
+    cache, (ck, cv), ids, indptr, last = make_cache(kv_lens, page_size, hkv, d, "NHD", True)
+    longer = np.concatenate([ids, np.array([-7, 10**6], np.int32)])
+    q = rand((len(kv_lens), hq, d))
+    qo_indptr = np.arange(len(kv_lens) + 1, dtype=np.int32)
+    if decode:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8))
+        w.plan(indptr[:3], longer, last[:2], hq, hkv, d, page_size)
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(np.empty(1, np.uint8))
+        w.plan(qo_indptr[:3], indptr[:3], longer, last[:2], hq, hkv, d, page_size, causal=True)
+    o = w.run(q[:2], cache)
+    for r in range(2):
+        k, v = gather_pages(ck, cv, indptr, ids, last, r, "NHD")
+        want, _ = attention(q[r : r + 1], k, v, causal=True)
+        np.testing.assert_allclose(o[r : r + 1].astype(np.float64), want, atol=2e-2, rtol=2e-2)
+    # Fewer ids than indptr[-1] is still an error.
+    with pytest.raises(ValueError, match="kv_page_indices"):
+        w.plan(*((qo_indptr,) if not decode else ()), indptr, ids[:-1], last, hq, hkv, d, page_size)
+
+
 @pytest.mark.parametrize("page_size", [4, 5])
 def test_append_then_decode(page_size):
     hkv, d = 2, 64
