@@ -10,10 +10,12 @@
 // loop copies the K and V rows of a tile together (load_kv_tiles_staged_async): paged, each row's
 // page id, slot and validity serve both, and each thread's pointer arithmetic is set up once per
 // CTA (PagedKvThread).
-// fp8 pages (FP8 = KV_FP8_E4M3 or KV_FP8_E5M2, paged only) hold one-byte codes: every tile load
-// goes through load_fp8_rows instead, which dequantises each row into the tile's T (fp8.cuh), so
-// the products downstream read the same f16/bf16 tile as ever.
-// Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, ld_shared_s32), smem_tile.cuh, fp8.cuh.
+// fp8 pages (FP8 = KV_FP8_E4M3 or KV_FP8_E5M2, paged only) hold one-byte codes: a tile's codes
+// are copied by cp.async like any rows (copy_fp8_codes_async), then dequantised in place into the
+// tile's T by the threads that copied them (expand_fp8_codes, fp8.cuh), so the products
+// downstream read the same f16/bf16 tile as ever.
+// Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, st_shared_16, ld_shared_s32), smem_tile.cuh,
+// fp8.cuh.
 
 template <typename T, bool PAGED, int FP8 = KV_FP8_NONE>
 struct KvRows {
@@ -53,47 +55,87 @@ __device__ __forceinline__ float kv_scale(const float* scales, int head_stride, 
   }
 }
 
-// fp8: rows [j0, j0 + ROWS) of `src` dequantised into `tile`; rows at or past `valid_rows` are
-// zeros, their page never read. A 16-byte chunk of the tile (8 elements of T) comes from 8 bytes
-// of codes. The codes cannot go through cp.async (they must pass through registers to be
-// converted): each thread loads FP8_BATCH chunks' codes with non-coherent 8-byte global loads (in
-// flight together), converts them and stores them to shared memory, then the next batch. The
-// stores are published by the same wait and barrier that publish the cp.async groups of the other
-// loads (wait_copies fences them for wgmma). FP8_BATCH bounds the registers this adds to the main
-// loop's: `attnforge compile --filter paged_e4m3` shows the spills a larger batch causes.
-constexpr int FP8_BATCH = 2;
-
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS>
-__device__ __forceinline__ void load_fp8_rows(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
-                                              const KvRows<T, true, FP8>& src, int j0, int valid_rows) {
-  static_assert((ROWS * ROW_CHUNKS) % NUM_THREADS == 0, "tile must split evenly over threads");
-  constexpr int PER_THREAD = ROWS * ROW_CHUNKS / NUM_THREADS;
-  constexpr int BATCH = PER_THREAD < FP8_BATCH ? PER_THREAD : FP8_BATCH;
-  static_assert(PER_THREAD % BATCH == 0, "whole batches");
+// fp8 tiles arrive in two steps, so that the global reads overlap the computation like any other
+// copy: copy_fp8_codes_async copies a tile's codes by cp.async into the buffer that will hold its
+// dequantised rows, and expand_fp8_codes, once the copying thread's own copies have landed,
+// dequantises them in place (fp8.cuh). Each 16-byte run of codes (16 elements) goes to the first
+// of the two 16-byte tile chunks its elements become, and the thread that copied it is the one
+// that expands it into both: no other thread reads or writes those bytes in between, so the
+// expansion needs no barrier of its own. Rows at or past the valid rows are zero-filled by the
+// copy, codes that dequantise to zeros. The expanded rows are published by the barrier (and, for
+// wgmma, the proxy fence of wait_copies) that precedes the tile's products.
+//
+// Thread `tid` takes runs tid, tid + NUM_THREADS, ... of the tile's rows in order (run c of row r
+// is index r * CODE_RUNS + c), so the threads of a warp read whole rows of consecutive bytes. The
+// copies are unrolled (their addresses are cheap to keep); the expansion only with
+// policy::FP8_EXPAND_UNROLLED (after the tile's products it runs beside the live accumulators).
+template <int ROWS, int CODE_RUNS, int NUM_THREADS, bool UNROLLED, typename F>
+__device__ __forceinline__ void for_thread_code_runs(F f) {
+  constexpr int TOTAL = ROWS * CODE_RUNS;
+  constexpr int RUNS = (TOTAL + NUM_THREADS - 1) / NUM_THREADS;
+  auto run = [&](int i) {
+    const int idx = i * NUM_THREADS + threadIdx.x;
+    if (TOTAL % NUM_THREADS == 0 || idx < TOTAL) f(idx / CODE_RUNS, idx % CODE_RUNS);
+  };
+  if constexpr (UNROLLED) {
+#pragma unroll
+    for (int i = 0; i < RUNS; ++i) run(i);
+  } else {
 #pragma unroll 1
-  for (int b = 0; b < PER_THREAD; b += BATCH) {
-    uint2 codes[BATCH];
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      const int idx = (b + i) * NUM_THREADS + threadIdx.x;
-      const int row = idx / ROW_CHUNKS, chunk = idx % ROW_CHUNKS;
-      codes[i].x = 0u;
-      codes[i].y = 0u;
-      if (row < valid_rows) {
-        const unsigned char* at = src.row(j0 + row) + chunk * 8;
-        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(codes[i].x), "=r"(codes[i].y) : "l"(at));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      const int idx = (b + i) * NUM_THREADS + threadIdx.x;
-      const int row = idx / ROW_CHUNKS, chunk = idx % ROW_CHUNKS;
-      const uint4 v = dequantize_fp8x8<T, FP8>(codes[i], src.scale);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile.chunk_addr(row, chunk)), "r"(v.x), "r"(v.y),
-                   "r"(v.z), "r"(v.w)
-                   : "memory");
-    }
+    for (int i = 0; i < RUNS; ++i) run(i);
   }
+}
+
+// fp8: the codes of one tensor's rows [j0, j0 + ROWS) to `tile` (part of the caller's cp.async
+// group), each 16-byte run at the tile chunk where expand_fp8_codes finds it; `page_of(row)` is
+// the page id of the tile's row `row` (any id when the row is past the valid rows).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS, typename PageOf>
+__device__ __forceinline__ void copy_fp8_codes_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
+                                                     const KvRows<T, true, FP8>& src, int j0, int valid_rows,
+                                                     PageOf page_of) {
+  static_assert(ROW_CHUNKS % 2 == 0, "fp8 rows of whole 16-code runs");
+  for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
+    cp_async_16(tile.chunk_addr(row, 2 * run), src.in_page(page_of(row), j0 + row) + 16 * run, row < valid_rows);
+  });
+}
+
+// fp8: the codes of the K and V rows [j0, j0 + ROWS) (one cp.async group for the caller to
+// commit), their page ids read from the stage at `ids` (stage_page_ids_async, as for other
+// pages). With equal head dims a thread's K and V runs are the same rows and columns: one page id
+// serves both.
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS>
+__device__ __forceinline__ void copy_fp8_kv_codes_async(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
+                                                        const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
+                                                        const KvRows<T, true, FP8>& k, const KvRows<T, true, FP8>& v,
+                                                        u32_t ids, int j0, int valid_rows) {
+  auto staged = [&](int row) { return ld_shared_s32(ids + 4 * row); };
+  if constexpr (K_CHUNKS == V_CHUNKS) {
+    for_thread_code_runs<ROWS, K_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
+      const bool valid = row < valid_rows;
+      const int page = staged(row);
+      cp_async_16(k_tile.chunk_addr(row, 2 * run), k.in_page(page, j0 + row) + 16 * run, valid);
+      cp_async_16(v_tile.chunk_addr(row, 2 * run), v.in_page(page, j0 + row) + 16 * run, valid);
+    });
+  } else {
+    copy_fp8_codes_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, k, j0, valid_rows, staged);
+    copy_fp8_codes_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, v, j0, valid_rows, staged);
+  }
+}
+
+// fp8: the codes this thread copied into `tile` (copy_fp8_codes_async, landed) dequantised with
+// `scale` in place (an unrolled loop when UNROLLED): each run's 16 codes become its two tile chunks, the second half's codes read
+// before the first chunk overwrites them, each half converted and stored on its own (fewer live
+// registers beside the accumulators).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, bool UNROLLED, int ATOM_ROWS>
+__device__ __forceinline__ void expand_fp8_codes(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, float scale) {
+  for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, UNROLLED>([&](int row, int run) {
+    const u32_t lo_at = tile.chunk_addr(row, 2 * run);
+    uint2 lo, hi;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(lo.x), "=r"(lo.y) : "r"(lo_at));
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(hi.x), "=r"(hi.y) : "r"(lo_at + 8));
+    st_shared_16(lo_at, dequantize_fp8x8<T, FP8>(lo, scale));
+    st_shared_16(tile.chunk_addr(row, 2 * run + 1), dequantize_fp8x8<T, FP8>(hi, scale));
+  });
 }
 
 // Loads rows [j0, j0 + ROWS) of `src` into `tile`; rows at or past `valid_rows` (relative to j0)
@@ -102,7 +144,9 @@ template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int
 __device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
                                                    const KvRows<T, PAGED, FP8>& src, int j0, int valid_rows) {
   if constexpr (FP8 != KV_FP8_NONE) {
-    load_fp8_rows<ROWS, ROW_CHUNKS, NUM_THREADS>(tile, src, j0, valid_rows);
+    copy_fp8_codes_async<ROWS, ROW_CHUNKS, NUM_THREADS>(tile, src, j0, valid_rows, [&](int row) {
+      return row < valid_rows ? __ldg(src.pages + ((j0 + row) >> src.page_shift)) : 0;
+    });
   } else if constexpr (!PAGED) {
     load_rows_async<ROWS, ROW_CHUNKS, NUM_THREADS, T>(tile, src.base + j0 * src.token_stride, src.token_stride,
                                                       valid_rows);
@@ -120,8 +164,7 @@ __device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, AT
 template <int ROWS, int NUM_THREADS, typename T, bool PAGED, int FP8>
 __device__ __forceinline__ void stage_page_ids_async(u32_t ids, const KvRows<T, PAGED, FP8>& src, int j0,
                                                      int valid_rows) {
-  // The fp8 loads read the page table themselves.
-  if constexpr (!PAGED || FP8 != KV_FP8_NONE) return;
+  if constexpr (!PAGED) return;
   // Unrolled (one step when ROWS <= NUM_THREADS); a row past the end forms its page-table
   // pointer but cp.async reads none of it.
 #pragma unroll
@@ -353,7 +396,7 @@ __device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHU
 // The K and V rows of a request (KvRows each) and, paged, one thread's view of both for the main
 // loop's copies (PagedKvThread; its stash at `stash_base` takes NUM_THREADS * 16 bytes of shared
 // memory), formed once per CTA. fp8 (this primary template): the rows alone, from which
-// load_fp8_rows forms every address.
+// copy_fp8_kv_codes_async forms every address.
 template <typename T, bool PAGED, int NUM_THREADS, int FP8 = KV_FP8_NONE>
 struct KvSource {
   KvRows<T, PAGED, FP8> k, v;
@@ -389,8 +432,7 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
                                                            const KvSource<T, PAGED, NUM_THREADS, FP8>& src, u32_t ids,
                                                            int j0, int valid_rows) {
   if constexpr (FP8 != KV_FP8_NONE) {
-    load_fp8_rows<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, j0, valid_rows);
-    load_fp8_rows<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, j0, valid_rows);
+    copy_fp8_kv_codes_async<ROWS, K_CHUNKS, V_CHUNKS, NUM_THREADS>(k_tile, v_tile, src.k, src.v, ids, j0, valid_rows);
   } else if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
     // Uniform branches: a whole tile (every tile but a request's last) compares no row; on the
     // same-stride path V is given K's strides.

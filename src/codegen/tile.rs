@@ -360,10 +360,12 @@ impl TileConfig {
     /// Bytes of register spills (stores or loads, as ptxas reports them) a prefill kernel is
     /// declared to allow; `attnforge compile` fails any kernel above it.
     ///
-    /// Why not zero: ptxas leaves some 255-register kernels a few registers short, and the
-    /// fixes that remove those spills cost speed. Today 10 of the matrix's kernels spill, all
-    /// sm_80 `w4q2kv64` (the f16-QK window ones 24/32 B, f32-QK paged no-variant and sinks ones
-    /// 4-16 B, bf16 causal ragged 4 B); no sm_90a kernel spills or serializes its wgmma. Code that
+    /// Why not zero: ptxas leaves some 255-register kernels (and 128-register ones, at two CTAs
+    /// per SM) a few registers short, and the fixes that remove those spills cost speed. The
+    /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
+    /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
+    /// B) and the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
+    /// addresses beside the accumulators); no kernel serializes its wgmma. Code that
     /// removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile

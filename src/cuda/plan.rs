@@ -23,7 +23,7 @@ use crate::jit::Arch;
 use crate::problem::{AttentionProblem, HeadDims, Mask};
 use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 mod graph;
 
@@ -180,7 +180,15 @@ pub(crate) struct KernelPlan {
     slots: usize,
     /// Graph-stable plans only: what construction fixed ([`graph`]).
     graph: Option<GraphState>,
+    /// The K/V tensor maps of the last launch and the views they were encoded for: a launch
+    /// over the same K/V (the usual case: one cache, or a caching allocator's buffer) reuses
+    /// them instead of encoding two maps on the host again.
+    last_tensor_maps: Mutex<Option<(TensorMapKey, TensorMapPair)>>,
 }
+
+/// What a launch's tensor maps depend on besides the plan: the K/V addresses and strides.
+type TensorMapKey = [i64; 6];
+type TensorMapPair = (Option<TmaMap>, Option<TmaMap>);
 
 /// Refuses a tile that is not built for `arch` (a forced `PlanOptions::tile`; the planner picks
 /// only tiles that are): a wgmma tile off sm_90a, or on sm_90a an mma.sync tile that has a wgmma
@@ -389,16 +397,41 @@ impl KernelPlan {
             arrays,
             slots,
             graph,
+            last_tensor_maps: Mutex::new(None),
         })
     }
 
     /// The K and V tensor maps of a launch whose kernel copies whole tiles by the tensor memory
     /// accelerator (`KernelSpec::copies_kv_by_tma`); `None` for the other kernels, for views
     /// the accelerator cannot address, and for graph-stable plans (a map holds the key count).
-    fn kv_tensor_maps(&self, kv: KvAddress) -> (Option<TmaMap>, Option<TmaMap>) {
+    fn kv_tensor_maps(&self, kv: KvAddress) -> TensorMapPair {
         if !self.spec.copies_kv_by_tma() || kv.pages.is_some() || self.graph.is_some() {
             return (None, None);
         }
+        let key = [
+            kv.k as i64,
+            kv.v as i64,
+            kv.k_stride_token,
+            kv.k_stride_head,
+            kv.v_stride_token,
+            kv.v_stride_head,
+        ];
+        let mut last = self
+            .last_tensor_maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((k, maps)) = *last {
+            if k == key {
+                return maps;
+            }
+        }
+        let maps = self.encode_kv_tensor_maps(kv);
+        *last = Some((key, maps));
+        maps
+    }
+
+    /// The K and V tensor maps of `kv`'s views (see [`kv_tensor_maps`](Self::kv_tensor_maps)).
+    fn encode_kv_tensor_maps(&self, kv: KvAddress) -> TensorMapPair {
         let p = &self.problem;
         let view = |address, dim, token_stride, head_stride| KvView {
             address,

@@ -1,8 +1,9 @@
 //! Tensor maps for the prefill kernels' K/V tile copies by the tensor memory accelerator
 //! (`kernels/tma.cuh`): ragged K or V, a `[tokens, heads, dim]` view, as a 3-D tensor whose box
 //! is 64 elements of one head's vector (128 bytes, the span of the 128-byte swizzle) by 64
-//! tokens (a KV tile), swizzled as wgmma reads it. Encoded on the host for each launch (the
-//! driver only fills 128 bytes; no device call).
+//! tokens (a KV tile), swizzled as wgmma reads it. Encoded on the host at a launch (the driver
+//! only fills 128 bytes; no device call); a plan keeps its last launch's pair for the next launch
+//! over the same K/V addresses and strides.
 //!
 //! A view the accelerator cannot address (an unaligned base or stride, a dimension past its
 //! limits) gets no map, and the kernel copies its tiles with `cp.async` instead: the same
