@@ -152,8 +152,17 @@ class PagedGraph:
             if split != self.split:
                 raise ValueError(
                     "fixed_split_size and disable_split_kv: with use_cuda_graph=True they stay "
-                    f"as the first plan set them ({self.split or 'the planner chooses'}); "
-                    f"this plan asks for {split or 'the planner to choose'}"
+                    f"as the first plan set them ({_split_text(self.split)}); "
+                    f"this plan asks for {_split_text(split)}"
                 )
             self.native.replan(*args, A.current_stream(device), kv_fp8)
         return self.native
+
+
+def _split_text(split):
+    """A plan's KV split (``PagedPlan``'s keyword arguments) in the caller's terms."""
+    if split.get("unsplit"):
+        return "disable_split_kv=True"
+    if "chunk_keys" in split:
+        return f"fixed_split_size: chunks of {split['chunk_keys']} keys"
+    return "the planner's choice"

@@ -123,6 +123,9 @@ def test_capacity_and_fixed_parameters_are_checked():
         w.plan(indptr, ids, last, HQ, HKV, D, page_size, pos_encoding_mode="ALIBI")
     with pytest.raises(ValueError, match="kv_data_type"):
         w.plan(indptr, ids, last, HQ, HKV, D, page_size, kv_data_type="float8_e4m3fn")
+    with pytest.raises(ValueError, match=r"\(the planner's choice\); this plan asks for "
+                       r"fixed_split_size: chunks of 64 keys"):
+        w.plan(indptr, ids, last, HQ, HKV, D, page_size, fixed_split_size=2)
     # The failed plans left the last good one in place.
     kv = cache(page_size)
     check_decode(w, kv, rand((2, HQ, D)), indptr, ids, last)
