@@ -108,6 +108,8 @@ def spec(
         packed = _pack(masks)
         causal, window_left = False, -1
     if sm_scale is None:
+        if head_dim_qk <= 0:
+            raise ValueError(f"invalid head_dim: is {head_dim_qk}; expected a positive head dimension")
         sm_scale = 1.0 / math.sqrt(head_dim_qk)
     cap = None if logits_soft_cap is None or logits_soft_cap <= 0 else float(logits_soft_cap)
     if cap is not None and alibi_slopes is not None:
@@ -131,6 +133,8 @@ def spec(
 def alibi_slopes(num_heads):
     """FlashInfer's ALiBi slopes: a geometric series from ``2^(-8/n)`` over the largest power of
     two ``n <= num_heads``, then the odd powers of ``2^(-4/n)`` for the remaining heads."""
+    if num_heads <= 0:
+        raise ValueError(f"invalid num_qo_heads: is {num_heads}; expected at least one head")
     n = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = [2.0 ** (-8.0 / n * i) for i in range(1, n + 1)]
     slopes += [2.0 ** (-4.0 / n * i) for i in range(1, 2 * (num_heads - n), 2)]
@@ -138,6 +142,21 @@ def alibi_slopes(num_heads):
 
 
 def _lens(qo_indptr, kv_indptr):
+    """Each request's ``(qo_len, kv_len)``; a ValueError, worded as the native plan's, for
+    indptr lists of different lengths or that decrease (the masks are built before that plan
+    checks them)."""
+    if len(kv_indptr) != len(qo_indptr):
+        raise ValueError(
+            f"invalid kv_indptr: has {len(kv_indptr)} entries but qo_indptr has "
+            f"{len(qo_indptr)}; both need batch + 1"
+        )
+    for name, indptr in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        for r in range(len(indptr) - 1):
+            if indptr[r + 1] < indptr[r]:
+                raise ValueError(
+                    f"invalid {name}[{r + 1}]: {indptr[r + 1]} is less than {name}[{r}] = "
+                    f"{indptr[r]}; indptr must not decrease"
+                )
     return [
         (qo_indptr[r + 1] - qo_indptr[r], kv_indptr[r + 1] - kv_indptr[r])
         for r in range(len(qo_indptr) - 1)

@@ -81,6 +81,14 @@ def test_bad_input_messages():
         fi.single_prefill_with_kv_cache(q.tolist(), k, v)
     with pytest.raises(ValueError, match="kv_layout"):
         fi.single_prefill_with_kv_cache(q, k, v, kv_layout="NDH")
+    # Found by random bad input: a zero head dim without sm_scale (whose default divides by its
+    # square root) and ALiBi over zero query heads raised ZeroDivisionError / a bare "math domain
+    # error".
+    with pytest.raises(ValueError, match="head_dim"):
+        fi.single_prefill_with_kv_cache(q[..., :0], k[..., :0], v[..., :0])
+    empty = np.zeros((8, 0, 64), np.float16)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        fi.single_prefill_with_kv_cache(empty, empty, empty, pos_encoding_mode="ALIBI")
 
 
 def test_bad_tables():
@@ -88,6 +96,15 @@ def test_bad_tables():
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(ValueError, match="kv_indptr"):
         w.plan([0, 4, 8], [0, 10, 5], 4, 2, 64)
+    # A window without causal=True becomes a custom mask, built before the native plan checks
+    # the tables: indptr lists of different lengths or that decrease raised IndexError or numpy's
+    # "negative dimensions" there.
+    with pytest.raises(ValueError, match="kv_indptr"):
+        w.plan([0, 4, 8], [0, 10], 4, 2, 64, window_left=2)
+    with pytest.raises(ValueError, match=r"qo_indptr\[2\]"):
+        w.plan([0, 4, 3], [0, 10, 16], 4, 2, 64, window_left=2)
+    with pytest.raises(ValueError, match="custom_mask|kv_indptr"):
+        w.plan([0, 4, 8], [0, 10], 4, 2, 64, custom_mask=np.ones(40, bool))
     w.plan([0, 4, 8], [0, 10, 16], 4, 2, 64)
     q, k, v = qkv()
     with pytest.raises(ValueError, match="k"):
