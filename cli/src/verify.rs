@@ -2,7 +2,8 @@
 //! backend and judged against the exact reference (`attnforge::verify`).
 //!
 //! Prints one line per failing case (and per case with `-v`) and ends with the line
-//! `N passed, M failed`; the exit status is non-zero when M > 0.
+//! `N passed, M failed`; the exit status is non-zero when M > 0, and when `--filter` or `--tile`
+//! leaves no case to run (nothing verified is not a pass).
 
 use crate::backend::{parse_arch, parse_tile, BackendKind};
 use attnforge::codegen::{KernelSpec, KvCache, TileConfig};
@@ -175,6 +176,19 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("{} passed, {} failed", summary.passed, summary.failed);
+    if summary.passed + summary.failed == 0 {
+        // A filter or tile that selects nothing verified nothing: not a pass.
+        eprintln!(
+            "error: no case of the {:?} suite was selected{}{}; nothing was verified",
+            args.suite,
+            args.filter
+                .as_deref()
+                .map_or(String::new(), |f| format!(" by --filter {f:?}")),
+            args.tile
+                .map_or(String::new(), |t| format!(" with --tile {}", t.label())),
+        );
+        return ExitCode::FAILURE;
+    }
     if summary.failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -1,0 +1,31 @@
+//! `attnforge verify`'s exit status on the CPU backend: success when the selected cases pass,
+//! failure when `--filter` selects none (nothing verified is not a pass).
+
+use std::process::Command;
+
+fn verify(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_attnforge"))
+        .args(["verify", "--backend", "cpu"])
+        .args(args)
+        .output()
+        .expect("run attnforge verify")
+}
+
+#[test]
+fn a_filter_that_selects_cases_passes() {
+    let out = verify(&["--filter", "causal"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
+
+#[test]
+fn a_filter_that_selects_nothing_fails() {
+    let out = verify(&["--filter", "no-such-case"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--filter \"no-such-case\"") && stderr.contains("nothing was verified"),
+        "{stderr}"
+    );
+}
