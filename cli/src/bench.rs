@@ -171,6 +171,20 @@ pub fn run(args: BenchArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    if shapes.is_empty() {
+        // Timing nothing is not a benchmark (`--print-shapes` lists the empty selection).
+        let by = match (&args.filter, args.all) {
+            (Some(f), _) => format!(" matches --filter {f:?}"),
+            (None, true) => " is listed".to_string(),
+            (None, false) => " is marked default (--all takes every shape)".to_string(),
+        };
+        eprintln!(
+            "error: no shape of {} ({:?} suite){by}; nothing to time",
+            args.shapes.display(),
+            args.suite
+        );
+        return ExitCode::FAILURE;
+    }
     let engine = match Engine::new(0) {
         Ok(e) => e,
         Err(e) => {

@@ -1,5 +1,6 @@
-//! `attnforge verify`'s exit status on the CPU backend: success when the selected cases pass,
-//! failure when `--filter` selects none (nothing verified is not a pass).
+//! Exit statuses of the CLI without a GPU: `attnforge verify` on the CPU backend succeeds when the
+//! selected cases pass and fails when `--filter` selects none (nothing verified is not a pass);
+//! `attnforge bench` fails when no shape is selected, before it looks for a GPU.
 
 use std::process::Command;
 
@@ -28,4 +29,16 @@ fn a_filter_that_selects_nothing_fails() {
         stderr.contains("--filter \"no-such-case\"") && stderr.contains("nothing was verified"),
         "{stderr}"
     );
+}
+
+#[test]
+fn bench_with_no_shape_selected_fails_before_looking_for_a_gpu() {
+    let out = Command::new(env!("CARGO_BIN_EXE_attnforge"))
+        .args(["bench", "--filter", "no-such-shape"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run attnforge bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("nothing to time"), "{stderr}");
 }
