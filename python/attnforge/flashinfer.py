@@ -3,8 +3,9 @@
 The same names, argument names, defaults, layouts and return conventions as FlashInfer 0.5:
 ``single_prefill_with_kv_cache``, the ``BatchPrefillWithRaggedKVCacheWrapper``,
 ``BatchPrefillWithPagedKVCacheWrapper`` and ``BatchDecodeWithPagedKVCacheWrapper`` wrappers
-(``plan`` then ``run``), ``merge_state``, ``merge_state_in_place``, ``merge_states`` and
-``append_paged_kv_cache``. Arrays are numpy arrays or torch tensors; results come back in the
+(``plan`` then ``run``), ``merge_state``, ``merge_state_in_place``, ``merge_states``,
+``append_paged_kv_cache``, and ``MultiLevelCascadeAttentionWrapper`` (cascade attention over a
+page table in levels). Arrays are numpy arrays or torch tensors; results come back in the
 caller's library, on the caller's device. LSEs are base 2, as FlashInfer's.
 
 Host arrays run on attnforge's CPU backend; CUDA tensors on its CUDA backend, launched on torch's
@@ -19,6 +20,7 @@ from . import _arrays as A
 from . import _native
 from ._graph import PagedGraph, RaggedGraph
 from ._common import _finish, _outputs, _prefill_spec, _slopes
+from ._cascade import MultiLevelCascadeAttentionWrapper
 from ._merge import merge_state, merge_state_in_place, merge_states
 from ._options import check_run, refuse, spec
 from ._page import (
@@ -53,6 +55,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
     "fast_decode_plan",
     "merge_state",
     "merge_state_in_place",

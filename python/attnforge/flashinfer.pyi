@@ -3,7 +3,7 @@ come back in the caller's library. The wrappers' base classes are the runtime's 
 ``_PagedWrapper``, from ``attnforge._wrapper``); each public function and method keeps its whole
 parameter list, FlashInfer's, which is what type checkers read."""
 
-from typing import Any, Literal, Optional, Tuple, Union, overload
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 Array = Any
 DTypeLike = Union[str, Any]
@@ -304,6 +304,48 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
     def run_return_lse(
         self, q: Array, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
     ) -> Tuple[Array, Array]: ...
+
+class MultiLevelCascadeAttentionWrapper:
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: Array,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr: Optional[Sequence[Array]] = None,
+        paged_kv_indptr_buf_arr: Optional[Sequence[Array]] = None,
+        paged_kv_indices_buf_arr: Optional[Sequence[Array]] = None,
+        paged_kv_last_page_len_buf_arr: Optional[Sequence[Array]] = None,
+    ) -> None: ...
+    @property
+    def is_cuda_graph_enabled(self) -> bool: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffers: List[Array]
+    ) -> None: ...
+    def plan(
+        self,
+        qo_indptr_arr: Sequence[Array],
+        paged_kv_indptr_arr: Sequence[Array],
+        paged_kv_indices_arr: Sequence[Array],
+        paged_kv_last_page_len: Sequence[Array],
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: DTypeLike = "float16",
+        kv_data_type: Optional[DTypeLike] = None,
+    ) -> None: ...
+    begin_forward = plan
+    def run(self, q: Array, paged_kv_cache: PagedKVCache) -> Array: ...
+    forward = run
 
 def merge_state(v_a: Array, s_a: Array, v_b: Array, s_b: Array) -> Tuple[Array, Array]: ...
 def merge_state_in_place(
