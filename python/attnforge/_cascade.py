@@ -1,4 +1,7 @@
-"""FlashInfer's ``MultiLevelCascadeAttentionWrapper``, re-exported by ``attnforge.flashinfer``.
+"""FlashInfer's cascade wrappers, re-exported by ``attnforge.flashinfer``:
+``MultiLevelCascadeAttentionWrapper`` and the two deprecated shared-prefix wrappers it replaced,
+``BatchDecodeWithSharedPrefixPagedKVCacheWrapper`` and
+``BatchPrefillWithSharedPrefixPagedKVCacheWrapper``.
 
 Cascade attention reads a KV cache stored in levels of one page table: level 0 typically a prefix
 that many requests share (one entry of the level's ``qo_indptr`` spans all their queries), the
@@ -144,3 +147,139 @@ class MultiLevelCascadeAttentionWrapper:
         return out
 
     forward = run
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    """FlashInfer's (deprecated) two-level decode: every query against the shared prefix
+    ``k_shared``, ``v_shared`` (one non-causal single prefill), then each request's own pages
+    (a batch decode), merged."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD"):
+        from .flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+        self._kv_layout = kv_layout
+        self._decode = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        """Accepted for compatibility: attnforge's plans own their buffers."""
+        self._decode.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def begin_forward(
+        self,
+        unique_kv_indptr,
+        unique_kv_indices,
+        unique_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        data_type="float16",
+    ):
+        """Plans the decode over each request's own pages; ``data_type`` is the queries' and the
+        cache's dtype."""
+        self._decode.plan(
+            unique_kv_indptr,
+            unique_kv_indices,
+            unique_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=data_type,
+            kv_data_type=data_type,
+        )
+
+    def forward(self, q, k_shared, v_shared, unique_kv_cache):
+        """``o [batch, Hq, D]``: attention over the shared prefix and the request's own pages."""
+        from .flashinfer import single_prefill_with_kv_cache
+
+        out, lse = single_prefill_with_kv_cache(
+            q, k_shared, v_shared, kv_layout=self._kv_layout, return_lse=True
+        )
+        out_own, lse_own = self._decode.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(out, lse, out_own, lse_own)
+        return out
+
+    def end_forward(self):
+        """Accepted for compatibility: nothing to release."""
+
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    """FlashInfer's (deprecated) two-level prefill: every query against the shared prefix
+    ``k_shared``, ``v_shared`` (one non-causal single prefill), then each request's own pages (a
+    paged prefill, causal when ``forward`` asks), merged. ``forward`` takes the masking options,
+    so the paged prefill is planned at the first ``forward`` with each set of them."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD"):
+        from .flashinfer import BatchPrefillWithPagedKVCacheWrapper
+
+        self._kv_layout = kv_layout
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._table = None
+        self._planned = None
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        """Accepted for compatibility: attnforge's plans own their buffers."""
+        self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def begin_forward(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+    ):
+        """Keeps the table of each request's own pages; ``forward`` plans over it."""
+        self._table = (
+            qo_indptr,
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+        )
+        self._planned = None
+
+    def forward(
+        self,
+        q,
+        k_shared,
+        v_shared,
+        unique_kv_cache,
+        causal=False,
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """``o [rows, Hq, D]``: attention over the shared prefix and the request's own pages."""
+        from .flashinfer import single_prefill_with_kv_cache
+
+        if self._table is None:
+            raise RuntimeError("forward() before begin_forward(): call begin_forward() first")
+        options = dict(
+            causal=causal,
+            use_fp16_qk_reduction=use_fp16_qk_reduction,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+        )
+        shared_options = dict(options, causal=False)
+        out, lse = single_prefill_with_kv_cache(
+            q, k_shared, v_shared, kv_layout=self._kv_layout, return_lse=True, **shared_options
+        )
+        if self._planned != options:
+            self._prefill.plan(*self._table, q_data_type=q.dtype, **options)
+            self._planned = options
+        out_own, lse_own = self._prefill.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(out, lse, out_own, lse_own)
+        return out
+
+    def end_forward(self):
+        """Accepted for compatibility: nothing to release."""

@@ -5,7 +5,7 @@ The same names, argument names, defaults, layouts and return conventions as Flas
 ``BatchPrefillWithPagedKVCacheWrapper`` and ``BatchDecodeWithPagedKVCacheWrapper`` wrappers
 (``plan`` then ``run``), ``merge_state``, ``merge_state_in_place``, ``merge_states``,
 ``append_paged_kv_cache``, and ``MultiLevelCascadeAttentionWrapper`` (cascade attention over a
-page table in levels). Arrays are numpy arrays or torch tensors; results come back in the
+page table in levels) with the two shared-prefix wrappers it replaced. Arrays are numpy arrays or torch tensors; results come back in the
 caller's library, on the caller's device. LSEs are base 2, as FlashInfer's.
 
 Host arrays run on attnforge's CPU backend; CUDA tensors on its CUDA backend, launched on torch's
@@ -20,7 +20,11 @@ from . import _arrays as A
 from . import _native
 from ._graph import PagedGraph, RaggedGraph
 from ._common import _finish, _outputs, _prefill_spec, _slopes
-from ._cascade import MultiLevelCascadeAttentionWrapper
+from ._cascade import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+    MultiLevelCascadeAttentionWrapper,
+)
 from ._merge import merge_state, merge_state_in_place, merge_states
 from ._options import check_run, refuse, spec
 from ._page import (
@@ -56,6 +60,8 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
     "fast_decode_plan",
     "merge_state",
     "merge_state_in_place",

@@ -347,6 +347,57 @@ class MultiLevelCascadeAttentionWrapper:
     def run(self, q: Array, paged_kv_cache: PagedKVCache) -> Array: ...
     forward = run
 
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    def __init__(self, float_workspace_buffer: Array, kv_layout: str = "NHD") -> None: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Array
+    ) -> None: ...
+    def begin_forward(
+        self,
+        unique_kv_indptr: Array,
+        unique_kv_indices: Array,
+        unique_kv_last_page_len: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        data_type: DTypeLike = "float16",
+    ) -> None: ...
+    def forward(
+        self, q: Array, k_shared: Array, v_shared: Array, unique_kv_cache: PagedKVCache
+    ) -> Array: ...
+    def end_forward(self) -> None: ...
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    def __init__(self, float_workspace_buffer: Array, kv_layout: str = "NHD") -> None: ...
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: Array, int_workspace_buffer: Array
+    ) -> None: ...
+    def begin_forward(
+        self,
+        qo_indptr: Array,
+        paged_kv_indptr: Array,
+        paged_kv_indices: Array,
+        paged_kv_last_page_len: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+    ) -> None: ...
+    def forward(
+        self,
+        q: Array,
+        k_shared: Array,
+        v_shared: Array,
+        unique_kv_cache: PagedKVCache,
+        causal: bool = False,
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> Array: ...
+    def end_forward(self) -> None: ...
+
 def merge_state(v_a: Array, s_a: Array, v_b: Array, s_b: Array) -> Tuple[Array, Array]: ...
 def merge_state_in_place(
     v: Array, s: Array, v_other: Array, s_other: Array, mask: Optional[Array] = None

@@ -103,3 +103,51 @@ def test_bad_levels():
         w.plan(one, one * 2, one * 2, one * 2, 4, 2, 64, 16)
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
         w.plan(one * 2, one * 2, one * 2, one * 2, 4, 2, 64, 16, pos_encoding_mode="ROPE_LLAMA")
+
+
+@pytest.mark.parametrize("stage,causal", [("decode", False), ("append", False), ("append", True)])
+def test_shared_prefix_wrappers_equal_the_cascade(stage, causal):
+    """FlashInfer's deprecated shared-prefix wrappers (the prefix as contiguous K/V) against the
+    two-level cascade over the same keys in pages, as FlashInfer's own test compares them."""
+    hq, hkv, d, page, batch, unique = 4, 2, 64, 4, 3, 7
+    shared_len = 12
+    k_shared, v_shared = rand((shared_len, hkv, d)), rand((shared_len, hkv, d))
+    unique_pages = -(-unique // page)
+    num_pages = shared_len // page + batch * unique_pages
+    cache = np.zeros((num_pages, 2, page, hkv, d), np.float16)
+    cache[: shared_len // page, 0] = k_shared.reshape(-1, page, hkv, d)
+    cache[: shared_len // page, 1] = v_shared.reshape(-1, page, hkv, d)
+    own = rand((batch * unique_pages * page, 2, hkv, d))
+    cache[shared_len // page :] = own.reshape(-1, page, 2, hkv, d).transpose(0, 2, 1, 3, 4)
+    shared = table([shared_len // page], [shared_len], page, np.arange(shared_len // page))
+    own_ids = np.arange(shared_len // page, num_pages)
+    unique_table = table([unique_pages] * batch, [unique] * batch, page, own_ids)
+    rows = batch if stage == "decode" else batch * unique
+    q = rand((rows, hq, d))
+    qo_indptr = np.arange(batch + 1, dtype=np.int32) * (rows // batch)
+    ws = np.empty(1, np.uint8)
+
+    cascade = fi.MultiLevelCascadeAttentionWrapper(2, ws)
+    cascade.plan(
+        [np.array([0, rows], np.int32), qo_indptr],
+        [shared[0], unique_table[0]],
+        [shared[1], unique_table[1]],
+        [shared[2], unique_table[2]],
+        hq,
+        hkv,
+        d,
+        page,
+        causal=causal,
+    )
+    want = cascade.run(q, cache)
+    if stage == "decode":
+        w = fi.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws)
+        w.begin_forward(*unique_table, hq, hkv, d, page)
+        got = w.forward(q, k_shared, v_shared, cache)
+    else:
+        w = fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws)
+        w.begin_forward(qo_indptr, *unique_table, hq, hkv, d, page)
+        got = w.forward(q, k_shared, v_shared, cache, causal=causal)
+    w.end_forward()
+    got, want = got.astype(np.float32), want.astype(np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-3)
