@@ -64,9 +64,12 @@ def check_run(args, q_scale=None, enable_pdl=None):
 
 
 def dtype_code(value, name):
-    """attnforge's dtype name for a FlashInfer ``*_data_type`` (a string or a torch dtype)."""
+    """attnforge's dtype name for a FlashInfer ``*_data_type`` (a string, a torch dtype, or a
+    numpy dtype or scalar type such as ``np.float16``)."""
     if value is None:
         return None
+    if isinstance(value, type) and issubclass(value, np.generic):
+        value = np.dtype(value)
     text = str(value).replace("torch.", "")
     code = _DTYPE_NAMES.get(text)
     if code is None:

@@ -41,6 +41,10 @@ def test_wrappers_refuse():
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(NotImplementedError, match="kv_data_type"):
         w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type="float16", kv_data_type="bfloat16")
+    # numpy's scalar types name dtypes as their dtypes and strings do.
+    with pytest.raises(NotImplementedError, match="kv_data_type"):
+        w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type=np.float16, kv_data_type=np.float64)
+    w.plan([0, 8], [0, 16], 4, 2, 64, q_data_type=np.float16, kv_data_type=np.dtype("float16"))
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
         w.plan([0, 8], [0, 16], 4, 2, 64, pos_encoding_mode="ROPE_LLAMA")
     with pytest.raises(NotImplementedError, match="logits_soft_cap"):
