@@ -11,6 +11,8 @@ and merges the states into the last level's output (``merge_state_in_place``), w
 attention over each request's keys of all levels.
 """
 
+import operator
+
 from ._merge import merge_state_in_place
 
 
@@ -42,9 +44,7 @@ class MultiLevelCascadeAttentionWrapper:
     ):
         from .flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
-        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
-            raise ValueError(f"invalid num_levels: is {num_levels!r}; expected an int >= 1")
-        self._num_levels = num_levels
+        self._num_levels = _level_count(num_levels)
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         if self._use_cuda_graph:
@@ -283,3 +283,15 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
 
     def end_forward(self):
         """Accepted for compatibility: nothing to release."""
+
+
+def _level_count(num_levels):
+    """``num_levels`` as an int: any integer (a Python int, a numpy or torch integer scalar) of at
+    least 1; a ``ValueError`` for anything else (a bool, a float, a string)."""
+    try:
+        count = None if isinstance(num_levels, bool) else operator.index(num_levels)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"invalid num_levels: is {num_levels!r}; expected an int >= 1")
+    return count

@@ -92,15 +92,17 @@ def test_one_level_is_the_paged_prefill():
 
 def test_bad_levels():
     ws = np.empty(1, np.uint8)
-    for bad in (0, -1, 1.5, True, "2"):
+    for bad in (0, -1, 1.5, True, "2", np.float64(2.0), np.int64(0)):
         with pytest.raises(ValueError, match="num_levels"):
             fi.MultiLevelCascadeAttentionWrapper(bad, ws)
     with pytest.raises(ValueError, match="qo_indptr_buf_arr"):
         fi.MultiLevelCascadeAttentionWrapper(2, ws, use_cuda_graph=True)
-    w = fi.MultiLevelCascadeAttentionWrapper(2, ws)
     one = [np.array([0, 1], np.int32)]
-    with pytest.raises(ValueError, match="qo_indptr_arr: has 1 entries"):
-        w.plan(one, one * 2, one * 2, one * 2, 4, 2, 64, 16)
+    # A numpy integer counts levels as a Python int does: two levels expected of the plan.
+    for levels in (2, np.int64(2)):
+        w = fi.MultiLevelCascadeAttentionWrapper(levels, ws)
+        with pytest.raises(ValueError, match="qo_indptr_arr: has 1 entries; the wrapper has 2 levels"):
+            w.plan(one, one * 2, one * 2, one * 2, 4, 2, 64, 16)
     with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
         w.plan(one * 2, one * 2, one * 2, one * 2, 4, 2, 64, 16, pos_encoding_mode="ROPE_LLAMA")
 
