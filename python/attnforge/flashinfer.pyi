@@ -3,7 +3,7 @@ come back in the caller's library. The wrappers' base classes are the runtime's 
 ``_PagedWrapper``, from ``attnforge._wrapper``); each public function and method keeps its whole
 parameter list, FlashInfer's, which is what type checkers read."""
 
-from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, List, Literal, Optional, Sequence, SupportsIndex, Tuple, Union, overload
 
 Array = Any
 DTypeLike = Union[str, Any]
@@ -308,7 +308,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
 class MultiLevelCascadeAttentionWrapper:
     def __init__(
         self,
-        num_levels: int,
+        num_levels: SupportsIndex,
         float_workspace_buffer: Array,
         kv_layout: str = "NHD",
         use_cuda_graph: bool = False,
