@@ -40,7 +40,6 @@ constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
 // at 240 none but with a custom mask, and the producer's TMA loop fits 24.
 constexpr int WS_PRODUCER_REGS = KV_TILE == 128 ? 24 : 40;
 constexpr int WS_CONSUMER_REGS = KV_TILE == 128 ? 240 : 232;
-constexpr int WS_BARRIER_BYTES = 2 * WS_STAGES * 8;
 // The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout).
 constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
 // Where S = Q K^T reads Q: with 64-key tiles each warp holds its rows as A fragments (32 registers
@@ -51,7 +50,7 @@ constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
 constexpr bool WS_Q_IN_REGISTERS = KV_TILE == 64;
 constexpr int WS_Q_TILES = WS_Q_IN_REGISTERS ? 1 : 2;
 constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
-                              WS_BARRIER_BYTES + SMEM_ALIGN_SLACK;
+                              4 * WS_STAGES * 8 + SMEM_ALIGN_SLACK;
 // Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
 // consumer warpgroup's turn at the tensor cores (4, 5).
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
@@ -103,47 +102,53 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   return true;
 }
 
-// The producer warpgroup: every K/V tile of item `it` into the ring, in order, as ring tiles
-// first, first + 1, ...
-__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
-  for (int j = 0; j < it.num_tiles; ++j) {
-    const int t = first + j;
-    const int k0 = it.kv_lo + j * KV_TILE;
-    ring.wait_empty(t);
-    if (it.m.kv_len - k0 >= KV_TILE) {
-      if (threadIdx.x == 0) {
-        const u32_t bar = ring.full(t);
-        mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-        const int row = it.kv_start + k0;
+// The producer warpgroup: the K rows (IS_K) or V rows of tile j of item `it` into the ring as ring
+// tile t, announced on their full barrier: a whole tile by thread 0's TMA boxes; a request's last,
+// partial tile by the warpgroup's cp.async with the rows past the request zero-filled (a box would
+// read the next request's rows).
+template <bool IS_K>
+__device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const WsRing& ring, const WsItem& it, int j,
+                                                int t) {
+  constexpr ws::Rows ROWS = IS_K ? ws::Rows::K : ws::Rows::V;
+  constexpr int CHUNKS = IS_K ? QK_CHUNKS : VO_CHUNKS;
+  using Tile = SmemTile<CHUNKS, KV_ATOM_ROWS>;
+  const Tile tile{IS_K ? ring.k(t).base : ring.v(t).base};
+  const int k0 = it.kv_lo + j * KV_TILE;
+  ring.wait_empty(ROWS, t);
+  if (it.m.kv_len - k0 >= KV_TILE) {
+    if (threadIdx.x == 0) {
+      const u32_t bar = ring.full(ROWS, t);
+      mbarrier_arrive_expect_tx(bar, IS_K ? K_TILE_BYTES : V_TILE_BYTES);
+      const int row = it.kv_start + k0;
 #pragma unroll
-        for (int b = 0; b < KV_TILE / WS_BOX_ROWS; ++b) {
-          const int box = b * WS_BOX_ROWS * 128;  // bytes into each column group
+      for (int b = 0; b < KV_TILE / WS_BOX_ROWS; ++b)
 #pragma unroll
-          for (int g = 0; g < QK_CHUNKS / 8; ++g)
-            tma_load_3d(ring.k(t).base + g * KTile::GROUP_BYTES + box, &p.k_tmap, g * 64, it.tile.kv_head,
-                        row + b * WS_BOX_ROWS, bar);
-#pragma unroll
-          for (int g = 0; g < VO_CHUNKS / 8; ++g)
-            tma_load_3d(ring.v(t).base + g * VTile::GROUP_BYTES + box, &p.v_tmap, g * 64, it.tile.kv_head,
-                        row + b * WS_BOX_ROWS, bar);
-        }
-      }
-    } else {
-      // The request's last tile: its rows past the keys are zeros, not the next request's.
-      const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + it.kv_start * p.k_stride_token +
-                                it.tile.kv_head * p.k_stride_head,
-                            p.k_stride_token, nullptr, 0, 0, 0};
-      const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + it.kv_start * p.v_stride_token +
-                                it.tile.kv_head * p.v_stride_head,
-                            p.v_stride_token, nullptr, 0, 0, 0};
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, WS_PRODUCER_THREADS>(ring.k(t), k_rows, k0, it.m.kv_len - k0);
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, WS_PRODUCER_THREADS>(ring.v(t), v_rows, k0, it.m.kv_len - k0);
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      ws::named_sync(WS_BAR_PRODUCER, WS_PRODUCER_THREADS);
-      if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(t));
+        for (int g = 0; g < CHUNKS / 8; ++g)
+          tma_load_3d(tile.base + g * Tile::GROUP_BYTES + b * WS_BOX_ROWS * 128, IS_K ? &p.k_tmap : &p.v_tmap,
+                      g * 64, it.tile.kv_head, row + b * WS_BOX_ROWS, bar);
     }
+  } else {
+    const i64_t stride_token = IS_K ? p.k_stride_token : p.v_stride_token;
+    const i64_t stride_head = IS_K ? p.k_stride_head : p.v_stride_head;
+    const KvRowsIn rows{static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token +
+                            it.tile.kv_head * stride_head,
+                        stride_token, nullptr, 0, 0, 0};
+    load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    ws::named_sync(WS_BAR_PRODUCER, WS_PRODUCER_THREADS);
+    if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(ROWS, t));
+  }
+}
+
+// The producer warpgroup: every K/V tile of item `it` into the ring, as ring tiles first,
+// first + 1, ..; the K rows one tile ahead of the V rows (K_0, K_1, V_0, K_2, V_1, ..), in the order
+// the consumers free them: K_{j+2} waits for the consumers' S_j, not for their P_j V_j.
+__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
+  for (int j = 0; j <= it.num_tiles; ++j) {
+    if (j < it.num_tiles) ws_produce_rows<true>(p, ring, it, j, first + j);
+    if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1);
   }
 }
 
@@ -267,6 +272,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   const u32_t v_base = k_base + WS_STAGES * K_TILE_BYTES;
   const u32_t o_stage = v_base + WS_STAGES * V_TILE_BYTES;
   const WsRing ring{k_base, v_base, o_stage + O_STAGE_BYTES};
+  static_assert(WsRing::BARRIER_BYTES == 4 * WS_STAGES * 8, "the ring's barriers as WS_SMEM_BYTES counts them");
   if (threadIdx.x == 0) ring.init(NUM_THREADS);
   __syncthreads();
 
@@ -336,12 +342,13 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
           p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
       };
       // Tile 0: S_0 alone in this turn.
-      ring.wait_full(first);
+      ring.wait_full(ws::Rows::K, first);
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_qk(q, ring.k(first).base, s);
       ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
+      ring.release(ws::Rows::K, first);
       float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo, lane, softmax_scale, softmax, s, o);
       pack_p();
       // Tile j: S_j and P_{j-1} V_{j-1} in one turn; the softmax of S_j while P_{j-1} V_{j-1}
@@ -349,31 +356,34 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
 #pragma unroll 1
       for (int j = 1; j < n; ++j) {
         const int t = first + j;
-        ring.wait_full(t);
+        ring.wait_full(ws::Rows::K, t);
+        ring.wait_full(ws::Rows::V, t - 1);
         ws::named_sync(my_turn, 2 * 128);
         wgmma_fence();
         ws_issue_qk(q, ring.k(t).base, s);
         ws_issue_pv(ring.v(t - 1).base, pf, o);
         ws::named_arrive(other_turn, 2 * 128);
         wgmma_wait<1>();
+        ring.release(ws::Rows::K, t);
         float factors[MMA_Q][1][4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) factors[0][0][e] = 1.0f;
         float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo + j * KV_TILE, lane,
                             softmax_scale, softmax, s, factors);
         wgmma_wait<0>();
-        ring.release(t - 1);
+        ring.release(ws::Rows::V, t - 1);
         const float rescale[MMA_Q][2] = {{factors[0][0][0], factors[0][0][2]}};
         softmax.rescale_outputs(rescale, o);
         pack_p();
       }
       // The last tile's P V, in a turn of its own.
+      ring.wait_full(ws::Rows::V, first + n - 1);
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_pv(ring.v(first + n - 1).base, pf, o);
       if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
-      ring.release(first + n - 1);
+      ring.release(ws::Rows::V, first + n - 1);
     }
     first += n;
 

@@ -137,11 +137,11 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
         .source
         .contains("__launch_bounds__(prefill::WS_THREADS, 1)"));
     assert_eq!(r.threads, 384);
-    // Q (128 rows), four stages of K and V (64 rows each), the output stage, eight mbarriers, the
-    // alignment slack.
+    // Q (128 rows), four stages of K and V (64 rows each), the output stage, sixteen mbarriers
+    // (full and empty, of K and of V, per stage), the alignment slack.
     assert_eq!(
         r.smem_bytes,
-        128 * 256 + 4 * 64 * 512 + 128 * 256 + 8 * 8 + 1024
+        128 * 256 + 4 * 64 * 512 + 128 * 256 + 16 * 8 + 1024
     );
     // The planner's tiles render without it.
     let plain = render(&KernelSpec {
@@ -154,7 +154,7 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
         .source
         .contains("constexpr bool WARP_SPECIALIZED = false;"));
     // 128-key tiles in two stages: two Q tiles, two stages of K and V (128 rows each), the
-    // output stage, four mbarriers, the alignment slack.
+    // output stage, eight mbarriers, the alignment slack.
     let wide = render(&KernelSpec {
         tile: ws128(),
         ..spec
@@ -163,6 +163,6 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
     assert!(wide.source.contains("constexpr int WS_KV_STAGES = 2;"));
     assert_eq!(
         wide.smem_bytes,
-        2 * 128 * 256 + 2 * 128 * 512 + 128 * 256 + 4 * 8 + 1024
+        2 * 128 * 256 + 2 * 128 * 512 + 128 * 256 + 8 * 8 + 1024
     );
 }

@@ -83,7 +83,8 @@ impl TileConfig {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
-        // The warp-specialised tile adds its ring's barriers and an output stage of its own
+        // The warp-specialised tile adds its ring's barriers (full and empty, of K and of V, per
+        // stage) and an output stage of its own
         // (its Q tile takes the next work item's rows while the output is stored); with 128-key
         // tiles, whose products read Q from shared memory, a second Q tile for the next item.
         let ws_extra = if self.warp_specialized {
@@ -92,7 +93,7 @@ impl TileConfig {
             } else {
                 0
             };
-            2 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row + next_q
+            4 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row + next_q
         } else {
             0
         };
