@@ -5,10 +5,10 @@
 // FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
-//   WS_STAGES K/V stages (ws_pipeline.cuh): its thread 0 issues each whole tile's TMA boxes on the
-//   stage's full mbarrier (expect-tx); a request's last, partial tile is copied by the
-//   warpgroup's cp.async with the rows past the request zero-filled, then announced on the same
-//   barrier;
+//   WS_STAGES K/V stages (ws_pipeline.cuh), K one tile ahead of V: its thread 0 issues the TMA
+//   boxes of a whole tile's K rows, or V rows, on their full mbarrier (expect-tx); a request's
+//   last, partial tile is copied by the warpgroup's cp.async with the rows past the request
+//   zero-filled, then announced on the same barriers;
 // - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
 //   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
 //   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
@@ -20,11 +20,13 @@
 //   the update's rescale of the output is collected as factors and applied once that product is
 //   done (nothing is in flight from one tile to the next, so ptxas keeps the products async).
 //
-// Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j; logits, mask and
-// softmax update; wait for P_{j-1} V_{j-1} and release tile j - 1's stage; rescale o; P_j packed to
-// registers. Tile 0's S and the last tile's P V take a turn each. Q is read into registers once
-// per item (S = Q K^T takes it as A fragments), so each warp then loads its next item's Q rows
-// while this one computes; the output is staged in a region of its own. The ring's tiles count
+// Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j and release K_j;
+// logits, mask and softmax update; wait for P_{j-1} V_{j-1} and release V_{j-1}; rescale o; P_j
+// packed to registers. Tile 0's S and the last tile's P V take a turn each. Tiles of 64 or 128
+// keys (KV_TILE): with 64, Q is read into registers once per item (S = Q K^T takes it as A
+// fragments), so each warp then loads its next item's Q rows into the same Q tile while this one
+// computes; with 128, S = Q K^T reads Q from shared memory and the next item's rows go to a
+// second Q tile (WS_Q_IN_REGISTERS). The output is staged in a region of its own. The ring's tiles count
 // on across items, so the producer runs ahead into the next item's.
 // Requires: everything prefill.cuh does, and ws_pipeline.cuh.
 

@@ -77,7 +77,8 @@ pub const MERGE_THREADS: u32 = 128;
 pub const MERGE_ROWS_PER_CTA: u32 = MERGE_THREADS / 32;
 /// Bytes the host uploads after a packed custom mask (zeros): the prefill kernels read each row's
 /// bits for a sub-tile as aligned 32-bit words, which reach up to this far past a segment's last
-/// byte (`CUSTOM_MASK_PAD_BYTES` in kernels/mask.cuh, checked when a kernel compiles).
+/// byte (five words for a 128-key sub-tile, from up to 3 bytes before its first;
+/// `CUSTOM_MASK_PAD_BYTES` in kernels/mask.cuh, checked when a kernel compiles).
 pub const CUSTOM_MASK_PAD_BYTES: usize = 20;
 
 /// A rendered kernel: what the JIT compiles and what the launcher needs to run it.

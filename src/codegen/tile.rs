@@ -386,8 +386,10 @@ impl TileConfig {
     /// per SM) a few registers short, and the fixes that remove those spills cost speed. The
     /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
     /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
-    /// B) and the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
-    /// addresses beside the accumulators); no kernel serializes its wgmma. Code that
+    /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
+    /// addresses beside the accumulators) and warp-specialised head-dim-128 ones (the custom
+    /// mask's, up to 96 B with `ws2q1kv128`; soft-cap and ALiBi 4-24 B); no kernel serializes its
+    /// wgmma. Code that
     /// removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
