@@ -42,7 +42,7 @@ __device__ __forceinline__ bool mask_visible(const RequestMaskContext& m, int qo
 // `CUSTOM_MASK_PAD_BYTES`). Bits of keys at or past kv_len belong to the next row, the padding, or
 // nothing: the caller masks those keys by kv_len. A padding row (qo_idx >= qo_len) reads the last
 // row's bits instead, which the caller discards.
-constexpr int CUSTOM_MASK_PAD_BYTES = 16;
+constexpr int CUSTOM_MASK_PAD_BYTES = 20;
 template <int WORDS>
 __device__ __forceinline__ void custom_mask_row_bits(const RequestMaskContext& m, int qo_idx, int k0,
                                                      u32_t (&bits)[WORDS]) {

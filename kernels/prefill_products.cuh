@@ -86,7 +86,8 @@ __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[
 // S = Q K^T with f16 accumulators by wgmma (the same products) into `acc`, which the caller has
 // zeroed.
 __device__ __forceinline__ void qk_wgmma_f16(u32_t q_base, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
-  static_assert(!WGMMA || KV_NT == 8, "one m64n64k16 product per m64 tile and k16 step");
+  // (The warp-specialised tiles, whose 128-key tiles it does not cover, accumulate QK in f32 only.)
+  static_assert(!WGMMA || KV_NT == 8 || spec::WARP_SPECIALIZED, "one m64n64k16 product per m64 tile and k16 step");
   qk_wgmma_products(q_base, k_base, [&](int mq, int, u64_t a, u64_t b) {
     wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b);
   });

@@ -5,10 +5,10 @@
 // FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
-//   WS_STAGES K/V stages (ws_pipeline.cuh): its thread 0 issues each whole tile's TMA boxes on the
-//   stage's full mbarrier (expect-tx); a request's last, partial tile is copied by the
-//   warpgroup's cp.async with the rows past the request zero-filled, then announced on the same
-//   barrier;
+//   WS_STAGES K/V stages (ws_pipeline.cuh), K one tile ahead of V: its thread 0 issues the TMA
+//   boxes of a whole tile's K rows, or V rows, on their full mbarrier (expect-tx); a request's
+//   last, partial tile is copied by the warpgroup's cp.async with the rows past the request
+//   zero-filled, then announced on the same barriers;
 // - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
 //   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
 //   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
@@ -20,11 +20,13 @@
 //   the update's rescale of the output is collected as factors and applied once that product is
 //   done (nothing is in flight from one tile to the next, so ptxas keeps the products async).
 //
-// Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j; logits, mask and
-// softmax update; wait for P_{j-1} V_{j-1} and release tile j - 1's stage; rescale o; P_j packed to
-// registers. Tile 0's S and the last tile's P V take a turn each. Q is read into registers once
-// per item (S = Q K^T takes it as A fragments), so each warp then loads its next item's Q rows
-// while this one computes; the output is staged in a region of its own. The ring's tiles count
+// Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j and release K_j;
+// logits, mask and softmax update; wait for P_{j-1} V_{j-1} and release V_{j-1}; rescale o; P_j
+// packed to registers. Tile 0's S and the last tile's P V take a turn each. Tiles of 64 or 128
+// keys (KV_TILE): with 64, Q is read into registers once per item (S = Q K^T takes it as A
+// fragments), so each warp then loads its next item's Q rows into the same Q tile while this one
+// computes; with 128, S = Q K^T reads Q from shared memory and the next item's rows go to a
+// second Q tile (WS_Q_IN_REGISTERS). The output is staged in a region of its own. The ring's tiles count
 // on across items, so the producer runs ahead into the next item's.
 // Requires: everything prefill.cuh does, and ws_pipeline.cuh.
 
@@ -33,22 +35,34 @@ namespace prefill {
 constexpr int WS_STAGES = spec::WS_KV_STAGES;
 constexpr int WS_PRODUCER_THREADS = 128;
 constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
-// Registers per thread after the hand-over: 40 x 128 + 232 x 256 = 64512 of the SM's 65536, as
-// many as the launch's 168 x 384 (ptxas's cap for 384 threads).
-constexpr int WS_PRODUCER_REGS = 40;
-constexpr int WS_CONSUMER_REGS = 232;
-constexpr int WS_BARRIER_BYTES = 2 * WS_STAGES * 8;
+// Registers per thread after the hand-over: 40 x 128 + 232 x 256 (or 24 x 128 + 240 x 256) = 64512
+// of the SM's 65536, as many as the launch's 168 x 384 (ptxas's cap for 384 threads). With
+// 128-key tiles the consumers hold 64 logits, 32 of P and 64 of O; at 232 registers ptxas spilled
+// 4 to 88 bytes of them (head dim 128; `attnforge compile --arch sm_90a --filter ws2q1kv128`),
+// at 240 none but with a custom mask, and the producer's TMA loop fits 24.
+constexpr int WS_PRODUCER_REGS = KV_TILE == 128 ? 24 : 40;
+constexpr int WS_CONSUMER_REGS = KV_TILE == 128 ? 240 : 232;
 // The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout).
 constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
-constexpr int WS_SMEM_BYTES = Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
-                              WS_BARRIER_BYTES + SMEM_ALIGN_SLACK;
+// Where S = Q K^T reads Q: with 64-key tiles each warp holds its rows as A fragments (32 registers
+// at head dim 128), read once per item, so one Q tile takes the next item's rows while this one
+// computes; with 128-key tiles the logits of a tile take those registers, so the products read Q
+// from shared memory (m64n128k16 with both operands there: 6 KB per 64 cycles of the tensor
+// cores) and the next item's rows go to a second Q tile.
+constexpr bool WS_Q_IN_REGISTERS = KV_TILE == 64;
+constexpr int WS_Q_TILES = WS_Q_IN_REGISTERS ? 1 : 2;
+constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
+                              4 * WS_STAGES * 8 + SMEM_ALIGN_SLACK;
 // Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
 // consumer warpgroup's turn at the tensor cores (4, 5).
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
-static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && KV_TILE == 64 && KV_SUB == 64 && !spec::KV_PAGED &&
-                  !spec::QK_F16_ACCUM,
-              "warp-specialised tile: two consumer warpgroups of 64 rows, 64-key tiles, ragged K/V, f32 QK");
+static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
+                  !spec::KV_PAGED && !spec::QK_F16_ACCUM,
+              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, ragged K/V, f32 QK");
+// Keys per TMA box (the host's tensor maps, src/cuda/tma.rs): a tile's column group is copied as
+// KV_TILE / WS_BOX_ROWS boxes.
+constexpr int WS_BOX_ROWS = 64;
 static_assert(WS_STAGES >= 2, "tile j + 1 lands while tile j is computed");
 static_assert(!policy::SUM_BY_MMA, "the row sums are rescaled by the softmax update, before the output is");
 static_assert(WS_PRODUCER_REGS * WS_PRODUCER_THREADS + WS_CONSUMER_REGS * NUM_THREADS <= 65536, "register file");
@@ -90,41 +104,53 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   return true;
 }
 
-// The producer warpgroup: every K/V tile of item `it` into the ring, in order, as ring tiles
-// first, first + 1, ...
-__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
-  for (int j = 0; j < it.num_tiles; ++j) {
-    const int t = first + j;
-    const int k0 = it.kv_lo + j * KV_TILE;
-    ring.wait_empty(t);
-    if (it.m.kv_len - k0 >= KV_TILE) {
-      if (threadIdx.x == 0) {
-        const u32_t bar = ring.full(t);
-        mbarrier_arrive_expect_tx(bar, K_TILE_BYTES + V_TILE_BYTES);
-        const int row = it.kv_start + k0;
+// The producer warpgroup: the K rows (IS_K) or V rows of tile j of item `it` into the ring as ring
+// tile t, announced on their full barrier: a whole tile by thread 0's TMA boxes; a request's last,
+// partial tile by the warpgroup's cp.async with the rows past the request zero-filled (a box would
+// read the next request's rows).
+template <bool IS_K>
+__device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const WsRing& ring, const WsItem& it, int j,
+                                                int t) {
+  constexpr ws::Rows ROWS = IS_K ? ws::Rows::K : ws::Rows::V;
+  constexpr int CHUNKS = IS_K ? QK_CHUNKS : VO_CHUNKS;
+  using Tile = SmemTile<CHUNKS, KV_ATOM_ROWS>;
+  const Tile tile{IS_K ? ring.k(t).base : ring.v(t).base};
+  const int k0 = it.kv_lo + j * KV_TILE;
+  ring.wait_empty(ROWS, t);
+  if (it.m.kv_len - k0 >= KV_TILE) {
+    if (threadIdx.x == 0) {
+      const u32_t bar = ring.full(ROWS, t);
+      mbarrier_arrive_expect_tx(bar, IS_K ? K_TILE_BYTES : V_TILE_BYTES);
+      const int row = it.kv_start + k0;
 #pragma unroll
-        for (int g = 0; g < QK_CHUNKS / 8; ++g)
-          tma_load_3d(ring.k(t).base + g * KTile::GROUP_BYTES, &p.k_tmap, g * 64, it.tile.kv_head, row, bar);
+      for (int b = 0; b < KV_TILE / WS_BOX_ROWS; ++b)
 #pragma unroll
-        for (int g = 0; g < VO_CHUNKS / 8; ++g)
-          tma_load_3d(ring.v(t).base + g * VTile::GROUP_BYTES, &p.v_tmap, g * 64, it.tile.kv_head, row, bar);
-      }
-    } else {
-      // The request's last tile: its rows past the keys are zeros, not the next request's.
-      const KvRowsIn k_rows{static_cast<const DTypeIn*>(p.k) + it.kv_start * p.k_stride_token +
-                                it.tile.kv_head * p.k_stride_head,
-                            p.k_stride_token, nullptr, 0, 0, 0};
-      const KvRowsIn v_rows{static_cast<const DTypeIn*>(p.v) + it.kv_start * p.v_stride_token +
-                                it.tile.kv_head * p.v_stride_head,
-                            p.v_stride_token, nullptr, 0, 0, 0};
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, WS_PRODUCER_THREADS>(ring.k(t), k_rows, k0, it.m.kv_len - k0);
-      load_kv_rows_async<KV_TILE, VO_CHUNKS, WS_PRODUCER_THREADS>(ring.v(t), v_rows, k0, it.m.kv_len - k0);
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      ws::named_sync(WS_BAR_PRODUCER, WS_PRODUCER_THREADS);
-      if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(t));
+        for (int g = 0; g < CHUNKS / 8; ++g)
+          tma_load_3d(tile.base + g * Tile::GROUP_BYTES + b * WS_BOX_ROWS * 128, IS_K ? &p.k_tmap : &p.v_tmap,
+                      g * 64, it.tile.kv_head, row + b * WS_BOX_ROWS, bar);
     }
+  } else {
+    const i64_t stride_token = IS_K ? p.k_stride_token : p.v_stride_token;
+    const i64_t stride_head = IS_K ? p.k_stride_head : p.v_stride_head;
+    const KvRowsIn rows{static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token +
+                            it.tile.kv_head * stride_head,
+                        stride_token, nullptr, 0, 0, 0};
+    load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    ws::named_sync(WS_BAR_PRODUCER, WS_PRODUCER_THREADS);
+    if (threadIdx.x == 0) ws::mbarrier_arrive(ring.full(ROWS, t));
+  }
+}
+
+// The producer warpgroup: every K/V tile of item `it` into the ring, as ring tiles first,
+// first + 1, ..; the K rows one tile ahead of the V rows (K_0, K_1, V_0, K_2, V_1, ..), in the order
+// the consumers free them: K_{j+2} waits for the consumers' S_j, not for their P_j V_j.
+__device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
+  for (int j = 0; j <= it.num_tiles; ++j) {
+    if (j < it.num_tiles) ws_produce_rows<true>(p, ring, it, j, first + j);
+    if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1);
   }
 }
 
@@ -163,25 +189,62 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor(float (&d)[8][4], cons
   }
 }
 
+// d (+)= A B, m64n128k16, f32 accumulators, A and B (K-major) from shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], u64_t a_desc, u64_t b_desc, bool accumulate) {
+  if constexpr (DTypeTraits<DTypeIn>::IS_BF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " AF_WGMMA_D64_TEXT
+                 ", %64, %65, p, 1, 1, 0, 0;\n}"
+                 : AF_WGMMA_D64(d)
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " AF_WGMMA_D64_TEXT
+                 ", %64, %65, p, 1, 1, 0, 0;\n}"
+                 : AF_WGMMA_D64(d)
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
+}
+
 // This warp's Q rows as the A fragments of S = Q K^T, one per k16 step, read once from the Q tile:
 // the products then read only K from shared memory (with Q there too, two warpgroups' m64n64k16
 // products and the TMA copies together would ask for all of the SM's shared-memory bandwidth).
-__device__ __forceinline__ void ws_load_q_fragments(const FragAddrs& f, u32_t (&qf)[QK_CHUNKS / 2][4]) {
+// (A template on the fragments' count, which is 1 where Q stays in shared memory and the call is
+// discarded.)
+template <int KK>
+__device__ __forceinline__ void ws_load_q_fragments(const FragAddrs& f, u32_t (&qf)[KK][4]) {
 #pragma unroll
-  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) ldmatrix_x4(qf[kk], f.q.at(f.q_base, 0, kk * 2));
+  for (int kk = 0; kk < KK; ++kk) ldmatrix_x4(qf[kk], f.q.at(f.q_base, 0, kk * 2));
 }
 
-// S = Q K^T for one 64-key tile (K rows from `k_base`), issued as one wgmma group (not waited for).
-__device__ __forceinline__ void ws_issue_qk(const u32_t (&qf)[QK_CHUNKS / 2][4], u32_t k_base,
-                                            float (&s)[MMA_Q][KV_NT][4]) {
+// Q as this warp's products read it (WS_Q_IN_REGISTERS): its A fragments, or the address of its
+// warpgroup's first row in the item's Q tile.
+struct WsQ {
+  u32_t frags[WS_Q_IN_REGISTERS ? QK_CHUNKS / 2 : 1][4];
+  u32_t group_rows;
+};
+
+// S = Q K^T for one tile (K rows from `k_base`), issued as one wgmma group (not waited for).
+// (A template on the n8 tiles of S, so that the product of the other width is not instantiated.)
+template <int NT>
+__device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
+  static_assert(NT * 8 == KV_TILE && (NT == 16) != WS_Q_IN_REGISTERS,
+                "S covers the tile's keys: 64 with Q in registers, 128 with Q in shared memory");
   const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
+  const WgmmaDesc a = WgmmaDesc::sw128(q.group_rows, 16, SW128_GROUP_BYTES);
 #pragma unroll
-  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk)
-    wgmma_m64n64k16_rs_kmajor(s[0], qf[kk], k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32), kk > 0);
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) {
+    const u64_t k_desc = k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32);
+    if constexpr (NT == 16) {
+      wgmma_m64n128k16_ss(s[0], a.at((kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32), k_desc, kk > 0);
+    } else {
+      wgmma_m64n64k16_rs_kmajor(s[0], q.frags[kk], k_desc, kk > 0);
+    }
+  }
   wgmma_commit();
 }
 
-// O += P V for one 64-key tile, issued as one wgmma group (not waited for): P as the A fragments
+// O += P V for one tile, issued as one wgmma group (not waited for): P as the A fragments
 // of its four k16 blocks, V N-major from `v_base`.
 __device__ __forceinline__ void ws_issue_pv(u32_t v_base, const u32_t (&pf)[KV_NT / 2][MMA_Q][4],
                                             float (&o)[MMA_Q][VO_NT][4]) {
@@ -204,11 +267,14 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32_t raw_base = smem_addr(smem_raw);
   const u32_t smem_base = (raw_base + 1023u) & ~1023u;
-  const QTile q_tile{smem_base};
-  const u32_t k_base = q_tile.base + Q_TILE_BYTES;
+  // Q tile `buf` (of WS_Q_TILES), by address arithmetic (an array of them indexed at run time
+  // went to the stack).
+  auto q_tile = [&](int buf) { return QTile{smem_base + static_cast<u32_t>(buf * Q_TILE_BYTES)}; };
+  const u32_t k_base = smem_base + WS_Q_TILES * Q_TILE_BYTES;
   const u32_t v_base = k_base + WS_STAGES * K_TILE_BYTES;
   const u32_t o_stage = v_base + WS_STAGES * V_TILE_BYTES;
   const WsRing ring{k_base, v_base, o_stage + O_STAGE_BYTES};
+  static_assert(WsRing::BARRIER_BYTES == 4 * WS_STAGES * 8, "the ring's barriers as WS_SMEM_BYTES counts them");
   if (threadIdx.x == 0) ring.init(NUM_THREADS);
   __syncthreads();
 
@@ -235,18 +301,26 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   int first = 0;  // ring tiles of the items before
   WsItem it;
   bool more = ws_item(p, blockIdx.x, it);
-  if (more) ws_load_q_async(p, it, q_tile, cwarp, lane);
+  int q_buf = 0;  // the item's Q tile (WS_Q_TILES)
+  if (more) ws_load_q_async(p, it, q_tile(0), cwarp, lane);
   for (int i = blockIdx.x; more;) {
-    // This warp's Q rows as registers; then its rows of the Q tile take the next item's.
+    // This warp's Q rows as registers, then its rows of the Q tile take the next item's; or, from
+    // shared memory, its rows published to the products (after the warpgroup's turn barrier)
+    // and the next item's rows into the other Q tile (whose products ended with the last item).
     cp_async_wait<0>();
-    __syncwarp();
-    u32_t qf[QK_CHUNKS / 2][4];
-    ws_load_q_fragments(FragAddrs(q_tile.base, warp_rows.first, lane), qf);
-    __syncwarp();
+    WsQ q;
+    q.group_rows = q_tile(q_buf).base + consumer * WARPGROUP_ROWS * QTile::ROW_BYTES;
+    if constexpr (WS_Q_IN_REGISTERS) {
+      __syncwarp();
+      ws_load_q_fragments(FragAddrs(q_tile(0).base, warp_rows.first, lane), q.frags);
+      __syncwarp();
+    } else {
+      fence_proxy_async_shared();
+    }
     const int next = i + gridDim.x;
     {
       WsItem after;
-      if (ws_item(p, next, after)) ws_load_q_async(p, after, q_tile, cwarp, lane);
+      if (ws_item(p, next, after)) ws_load_q_async(p, after, q_tile(WS_Q_TILES - 1 - q_buf), cwarp, lane);
     }
 
     const RowCoords rows = it.tile.row_coords(warp_rows, lane);
@@ -270,12 +344,13 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
           p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
       };
       // Tile 0: S_0 alone in this turn.
-      ring.wait_full(first);
+      ring.wait_full(ws::Rows::K, first);
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
-      ws_issue_qk(qf, ring.k(first).base, s);
+      ws_issue_qk(q, ring.k(first).base, s);
       ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
+      ring.release(ws::Rows::K, first);
       float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo, lane, softmax_scale, softmax, s, o);
       pack_p();
       // Tile j: S_j and P_{j-1} V_{j-1} in one turn; the softmax of S_j while P_{j-1} V_{j-1}
@@ -283,31 +358,34 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
 #pragma unroll 1
       for (int j = 1; j < n; ++j) {
         const int t = first + j;
-        ring.wait_full(t);
+        ring.wait_full(ws::Rows::K, t);
+        ring.wait_full(ws::Rows::V, t - 1);
         ws::named_sync(my_turn, 2 * 128);
         wgmma_fence();
-        ws_issue_qk(qf, ring.k(t).base, s);
+        ws_issue_qk(q, ring.k(t).base, s);
         ws_issue_pv(ring.v(t - 1).base, pf, o);
         ws::named_arrive(other_turn, 2 * 128);
         wgmma_wait<1>();
+        ring.release(ws::Rows::K, t);
         float factors[MMA_Q][1][4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) factors[0][0][e] = 1.0f;
         float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo + j * KV_TILE, lane,
                             softmax_scale, softmax, s, factors);
         wgmma_wait<0>();
-        ring.release(t - 1);
+        ring.release(ws::Rows::V, t - 1);
         const float rescale[MMA_Q][2] = {{factors[0][0][0], factors[0][0][2]}};
         softmax.rescale_outputs(rescale, o);
         pack_p();
       }
       // The last tile's P V, in a turn of its own.
+      ring.wait_full(ws::Rows::V, first + n - 1);
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_pv(ring.v(first + n - 1).base, pf, o);
       if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
-      ring.release(first + n - 1);
+      ring.release(ws::Rows::V, first + n - 1);
     }
     first += n;
 
@@ -327,6 +405,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     store_output(p, it.tile, out_rows, it.qo_start, warp_rows, lane, o_bytes, SmemTile<VO_CHUNKS>{o_stage}, o,
                  lse);
     i = next;
+    q_buf = WS_Q_TILES - 1 - q_buf;
     more = ws_item(p, i, it);
   }
 }

@@ -3,10 +3,12 @@
 // that take the consumers' turns at the tensor cores, and the register hand-over between the
 // roles (sm_90a).
 //
-// The ring: stage s has a "full" mbarrier (one arrival, the producer's, plus the bytes its TMA
-// copies complete) and an "empty" mbarrier (one arrival per consumer thread, once its warpgroup's
-// products are done with the stage). Tile t sits in stage t % STAGES; its (t / STAGES)-th use of
-// the stage is the phase of parity (t / STAGES) % 2 of either barrier.
+// The ring: stage s holds a K tile and a V tile, each with a "full" mbarrier (one arrival, the
+// producer's, plus the bytes its TMA copies complete) and an "empty" mbarrier (one arrival per
+// consumer thread, once its warpgroup's products are done with those rows): K is free once S = Q K^T
+// is, a tile before its V, so the producer can copy the next K tile while that V is still read.
+// Tile t sits in stage t % STAGES; its (t / STAGES)-th use of the stage is the phase of parity
+// (t / STAGES) % 2 of each of its barriers.
 // Requires: common.cuh, mma.cuh, tma.cuh.
 
 namespace ws {
@@ -43,37 +45,49 @@ __device__ __forceinline__ void registers_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
 
+// Which rows of a stage a barrier of the ring guards.
+enum class Rows { K = 0, V = 1 };
+
 // The K/V ring in shared memory: STAGES stages of K and V tiles and their barriers.
 template <int STAGES, typename KTileT, typename VTileT, int K_BYTES, int V_BYTES>
 struct KvRing {
+  static constexpr int BARRIER_BYTES = 4 * STAGES * 8;
   u32_t k_base;  // K tiles, K_BYTES apart
   u32_t v_base;  // V tiles, V_BYTES apart
-  u32_t bars;    // STAGES full barriers, then STAGES empty barriers (8 bytes each)
+  u32_t bars;    // full barriers of K, then of V, then empty ones of K, then of V: STAGES each, 8 bytes
 
   __device__ __forceinline__ static int stage(int t) { return t % STAGES; }
   __device__ __forceinline__ static u32_t parity(int t) { return static_cast<u32_t>(t / STAGES) & 1u; }
   __device__ __forceinline__ KTileT k(int t) const { return KTileT{k_base + stage(t) * K_BYTES}; }
   __device__ __forceinline__ VTileT v(int t) const { return VTileT{v_base + stage(t) * V_BYTES}; }
-  __device__ __forceinline__ u32_t full(int t) const { return bars + stage(t) * 8; }
-  __device__ __forceinline__ u32_t empty(int t) const { return bars + (STAGES + stage(t)) * 8; }
+  __device__ __forceinline__ u32_t full(Rows r, int t) const {
+    return bars + (static_cast<int>(r) * STAGES + stage(t)) * 8;
+  }
+  __device__ __forceinline__ u32_t empty(Rows r, int t) const {
+    return bars + ((2 + static_cast<int>(r)) * STAGES + stage(t)) * 8;
+  }
 
   // One thread, before any other touches the ring: full barriers for the producer's one arrival,
   // empty ones for `consumers` arrivals.
   __device__ __forceinline__ void init(u32_t consumers) const {
 #pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full(s), 1);
-      mbarrier_init(empty(s), consumers);
-    }
+    for (int s = 0; s < STAGES; ++s)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const Rows r = static_cast<Rows>(i);
+        mbarrier_init(full(r, s), 1);
+        mbarrier_init(empty(r, s), consumers);
+      }
   }
-  // Producer: waits until tile t's stage is free (every consumer is done with tile t - STAGES).
-  __device__ __forceinline__ void wait_empty(int t) const {
-    if (t >= STAGES) mbarrier_wait_parity(empty(t), parity(t - STAGES));
+  // Producer: waits until tile t's rows `r` are free (every consumer is done with those of tile
+  // t - STAGES).
+  __device__ __forceinline__ void wait_empty(Rows r, int t) const {
+    if (t >= STAGES) mbarrier_wait_parity(empty(r, t), parity(t - STAGES));
   }
-  // Consumer: waits until tile t has landed.
-  __device__ __forceinline__ void wait_full(int t) const { mbarrier_wait_parity(full(t), parity(t)); }
-  // Consumer: this thread is done with tile t.
-  __device__ __forceinline__ void release(int t) const { mbarrier_arrive(empty(t)); }
+  // Consumer: waits until tile t's rows `r` have landed.
+  __device__ __forceinline__ void wait_full(Rows r, int t) const { mbarrier_wait_parity(full(r, t), parity(t)); }
+  // Consumer: this thread is done with tile t's rows `r`.
+  __device__ __forceinline__ void release(Rows r, int t) const { mbarrier_arrive(empty(r, t)); }
 };
 
 }  // namespace ws

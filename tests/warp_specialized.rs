@@ -1,6 +1,6 @@
-//! The warp-specialised tile (`ws{stages}q1kv64`, kernels/prefill_ws.cuh): its labels, what it
-//! refuses (with an error naming what it supports), its place in the compile matrix (sm_90a
-//! only), and its rendered source and shared memory.
+//! The warp-specialised tiles (`ws{stages}q1kv{keys}`, kernels/prefill_ws.cuh): their labels, what they
+//! refuse (with an error naming what they support), their place in the compile matrix (sm_90a
+//! only), and their rendered source and shared memory.
 
 use attnforge::codegen::{compile_matrix, render, KernelSpec, KvCache, TileConfig};
 use attnforge::jit::Arch;
@@ -8,12 +8,23 @@ use attnforge::problem::MaskKind;
 use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch};
 
 fn ws() -> TileConfig {
-    TileConfig::warp_specialized(TileConfig::WARP_SPECIALIZED_STAGES)
+    TileConfig::warp_specialized(TileConfig::WARP_SPECIALIZED_STAGES, 64)
+}
+
+fn ws128() -> TileConfig {
+    TileConfig::warp_specialized(2, 128)
 }
 
 #[test]
 fn labels_round_trip_and_bad_ones_are_refused() {
-    for label in ["ws2q1kv64", "ws3q1kv64", "ws4q1kv64", "ws8q1kv64"] {
+    for label in [
+        "ws2q1kv64",
+        "ws3q1kv64",
+        "ws4q1kv64",
+        "ws8q1kv64",
+        "ws2q1kv128",
+        "ws3q1kv128",
+    ] {
         let t = TileConfig::parse(label).unwrap();
         assert_eq!(t.label(), label);
         assert!(t.warp_specialized && t.wgmma);
@@ -23,7 +34,9 @@ fn labels_round_trip_and_bad_ones_are_refused() {
         "ws1q1kv64",
         "ws9q1kv64",
         "ws4q2kv64",
-        "ws4q1kv128",
+        "ws4q1kv32",
+        "ws2q1kv96",
+        "ws2q1kv256",
         "ws4q1kv64g",
         "wsq1kv64",
         "ws4",
@@ -54,6 +67,11 @@ fn it_runs_on_sm90a_only_and_at_head_dims_64_and_128() {
     let eight = TileConfig::parse("ws8q1kv64").unwrap();
     assert!(!eight.runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
     assert!(eight.runs_on(Arch::Sm90a, HeadDims::equal(64).unwrap()));
+    // 128-key tiles: two stages fit at head dim 128 (225 KB), three only at head dim 64.
+    let three = TileConfig::parse("ws3q1kv128").unwrap();
+    assert!(ws128().runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
+    assert!(!three.runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
+    assert!(three.runs_on(Arch::Sm90a, HeadDims::equal(64).unwrap()));
 }
 
 #[test]
@@ -86,15 +104,15 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
 }
 
 #[test]
-fn the_matrix_has_it_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
+fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
     let kernels: Vec<KernelSpec> = compile_matrix()
         .into_iter()
         .filter(|s| s.tile.warp_specialized)
         .collect();
-    // 2 dtypes x 2 head dims x 4 masks x 5 variants.
-    assert_eq!(kernels.len(), 80);
+    // 2 tiles x 2 dtypes x 2 head dims x 4 masks x 5 variants.
+    assert_eq!(kernels.len(), 160);
     for s in &kernels {
-        assert_eq!(s.tile, ws());
+        assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
         assert!(s.kv == KvCache::Ragged && s.qk_accum == QkAccum::F32);
         assert!(s.tile.runs_on(Arch::Sm90a, s.head_dims));
         assert!(s.copies_kv_by_tma());
@@ -119,16 +137,32 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
         .source
         .contains("__launch_bounds__(prefill::WS_THREADS, 1)"));
     assert_eq!(r.threads, 384);
-    // Q (128 rows), four stages of K and V (64 rows each), the output stage, eight mbarriers, the
-    // alignment slack.
+    // Q (128 rows), four stages of K and V (64 rows each), the output stage, sixteen mbarriers
+    // (full and empty, of K and of V, per stage), the alignment slack.
     assert_eq!(
         r.smem_bytes,
-        128 * 256 + 4 * 64 * 512 + 128 * 256 + 8 * 8 + 1024
+        128 * 256 + 4 * 64 * 512 + 128 * 256 + 16 * 8 + 1024
     );
     // The planner's tiles render without it.
     let plain = render(&KernelSpec {
         tile: TileConfig::parse("w8q1kv64g").unwrap(),
-        ..spec
+        ..spec.clone()
     });
     assert!(!plain.source.contains("run_ws_cta") && !plain.source.contains("WS_KV_STAGES"));
+    assert!(r.source.contains("constexpr bool WARP_SPECIALIZED = true;"));
+    assert!(plain
+        .source
+        .contains("constexpr bool WARP_SPECIALIZED = false;"));
+    // 128-key tiles in two stages: two Q tiles, two stages of K and V (128 rows each), the
+    // output stage, eight mbarriers, the alignment slack.
+    let wide = render(&KernelSpec {
+        tile: ws128(),
+        ..spec
+    });
+    assert!(wide.source.contains("constexpr int KV_TILE = 128;"));
+    assert!(wide.source.contains("constexpr int WS_KV_STAGES = 2;"));
+    assert_eq!(
+        wide.smem_bytes,
+        2 * 128 * 256 + 2 * 128 * 512 + 128 * 256 + 8 * 8 + 1024
+    );
 }

@@ -83,7 +83,7 @@ impl BackendKind {
 pub fn parse_tile(s: &str) -> Result<TileConfig, String> {
     TileConfig::parse(s).ok_or_else(|| {
         format!(
-            "{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys) or ws4q1kv64 (warp-specialised, K/V stages)"
+            "{s:?} is not a tile like w4q2kv64 (warps, m16 tiles per warp, keys) or ws4q1kv64 (warp-specialised: K/V stages, keys 64 or 128)"
         )
     })
 }

@@ -77,8 +77,9 @@ pub const MERGE_THREADS: u32 = 128;
 pub const MERGE_ROWS_PER_CTA: u32 = MERGE_THREADS / 32;
 /// Bytes the host uploads after a packed custom mask (zeros): the prefill kernels read each row's
 /// bits for a sub-tile as aligned 32-bit words, which reach up to this far past a segment's last
-/// byte (`CUSTOM_MASK_PAD_BYTES` in kernels/mask.cuh, checked when a kernel compiles).
-pub const CUSTOM_MASK_PAD_BYTES: usize = 16;
+/// byte (five words for a 128-key sub-tile, from up to 3 bytes before its first;
+/// `CUSTOM_MASK_PAD_BYTES` in kernels/mask.cuh, checked when a kernel compiles).
+pub const CUSTOM_MASK_PAD_BYTES: usize = 20;
 
 /// A rendered kernel: what the JIT compiles and what the launcher needs to run it.
 #[derive(Clone, Debug)]
@@ -180,6 +181,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
          constexpr int HEAD_DIM_VO = {};\nconstexpr bool QK_F16_ACCUM = {};\nconstexpr int MASK_KIND = {};\n\
          constexpr int NUM_WARPS = {};\nconstexpr int MMA_Q = {};\nconstexpr int KV_TILE = {};\n\
          constexpr int KV_SUB = {};\nconstexpr int KV_STAGES = {};\nconstexpr bool WARPS_SPLIT_KEYS = {};\nconstexpr bool WGMMA = {};\n\
+         constexpr bool WARP_SPECIALIZED = {};\n\
          constexpr bool KV_PAGED = {};\nconstexpr int KV_FP8 = {};\n\
          constexpr int SMEM_BYTES = {smem_bytes};\n{ws_stages}}}  // namespace spec",
         cuda_dtype(spec.input_dtype),
@@ -195,6 +197,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         kv_stages,
         spec.tile.split_keys,
         spec.tile.wgmma,
+        spec.tile.warp_specialized,
         spec.kv == KvCache::Paged,
         fp8_constant(spec.kv_fp8),
     );

@@ -32,8 +32,9 @@ pub struct TileConfig {
     pub wgmma: bool,
     /// The warp-specialised kernel (`kernels/prefill_ws.cuh`, sm_90a): a producer warpgroup
     /// fills a ring of `kv_stages` K/V stages by TMA while two consumer warpgroups of 64 rows
-    /// each (`num_warps` 12 in all, `mma_q` 1, `wgmma`) take turns at the tensor cores. Label
-    /// `ws{kv_stages}q1kv64`; see [`WARP_SPECIALIZED_STAGES`](Self::WARP_SPECIALIZED_STAGES).
+    /// each (`num_warps` 12 in all, `mma_q` 1, `wgmma`) take turns at the tensor cores, over
+    /// K/V tiles of 64 or 128 keys. Label `ws{kv_stages}q1kv{kv_tile}`; see
+    /// [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED).
     pub warp_specialized: bool,
 }
 
@@ -82,10 +83,17 @@ impl TileConfig {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
-        // The warp-specialised tile adds its ring's barriers and an output stage of its own
-        // (its Q tile takes the next work item's rows while the output is stored).
+        // The warp-specialised tile adds its ring's barriers (full and empty, of K and of V, per
+        // stage) and an output stage of its own
+        // (its Q tile takes the next work item's rows while the output is stored); with 128-key
+        // tiles, whose products read Q from shared memory, a second Q tile for the next item.
         let ws_extra = if self.warp_specialized {
-            2 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row
+            let next_q = if self.kv_tile == 128 {
+                self.cta_q() * qk_row
+            } else {
+                0
+            };
+            4 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row + next_q
         } else {
             0
         };
@@ -191,13 +199,14 @@ impl TileConfig {
         !self.warp_specialized
     }
 
-    /// The warp-specialised tile with a ring of `stages` K/V stages.
-    pub fn warp_specialized(stages: u32) -> TileConfig {
+    /// The warp-specialised tile with a ring of `stages` K/V stages of `kv_tile` keys (64 or
+    /// 128: S = Q K^T of a stage is one `m64n{kv_tile}k16` product per k16 step).
+    pub fn warp_specialized(stages: u32, kv_tile: u32) -> TileConfig {
         TileConfig {
             num_warps: WS_PRODUCER_WARPS + 8,
             mma_q: 1,
-            kv_tile: 64,
-            kv_sub: 64,
+            kv_tile,
+            kv_sub: kv_tile,
             split_keys: false,
             kv_stages: stages,
             wgmma: true,
@@ -210,6 +219,18 @@ impl TileConfig {
     /// producer's copies run a tile further ahead (four: 160 KB at head dim 128, one CTA per SM
     /// either way). `attnforge bench --tile ws2q1kv64` (or `ws3q1kv64`) measures the others.
     pub const WARP_SPECIALIZED_STAGES: u32 = 4;
+
+    /// Keys per K/V tile of the warp-specialised tiles in the compile matrix, with their stages
+    /// (the most that fit 227 KB at head dim 128): 64-key tiles in four stages, and 128-key tiles
+    /// (half the softmax bookkeeping and barriers per key, `m64n128k16` products) in two.
+    pub const WARP_SPECIALIZED: [(u32, u32); 2] = [(Self::WARP_SPECIALIZED_STAGES, 64), (2, 128)];
+
+    /// The warp-specialised tiles of the compile matrix ([`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED)).
+    pub fn warp_specialized_tiles() -> impl Iterator<Item = TileConfig> {
+        Self::WARP_SPECIALIZED
+            .into_iter()
+            .map(|(stages, keys)| Self::warp_specialized(stages, keys))
+    }
 
     /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles,
     /// `w4q1kv64s16k` when the warps split the keys and `w4q1kv64b1` with one K/V buffer.
@@ -232,16 +253,17 @@ impl TileConfig {
     }
 
     /// Parses a label as [`label`](Self::label) writes it (`w4q2kv64`, `w4q2kv64s32`,
-    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w8q1kv64g`, the warp-specialised `ws4q1kv64`); `None`
+    /// `w4q1kv64s16k`, `w4q1kv64b1`, `w8q1kv64g`, the warp-specialised `ws4q1kv64` and `ws2q1kv128`); `None`
     /// for anything else or a tiling the kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
         if let Some(rest) = s.strip_prefix("ws") {
             let (stages, rest) = rest.split_once('q')?;
             let (q, kv) = rest.split_once("kv")?;
-            let t = TileConfig::warp_specialized(stages.parse().ok()?);
+            let keys = kv.parse::<u32>().ok()?;
+            let t = TileConfig::warp_specialized(stages.parse().ok()?, keys);
             let valid = (2..=8).contains(&t.kv_stages)
                 && q.parse::<u32>().ok()? == t.mma_q
-                && kv.parse::<u32>().ok()? == t.kv_tile;
+                && matches!(keys, 64 | 128);
             return valid.then_some(t);
         }
         let (s, wgmma) = match s.strip_suffix('g') {
@@ -364,8 +386,10 @@ impl TileConfig {
     /// per SM) a few registers short, and the fixes that remove those spills cost speed. The
     /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
     /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
-    /// B) and the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
-    /// addresses beside the accumulators); no kernel serializes its wgmma. Code that
+    /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
+    /// addresses beside the accumulators) and warp-specialised head-dim-128 ones (the custom
+    /// mask's, up to 96 B with `ws2q1kv128`; soft-cap and ALiBi 4-24 B); no kernel serializes its
+    /// wgmma. Code that
     /// removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
