@@ -84,9 +84,9 @@ impl TileConfig {
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
         // The warp-specialised tile adds its ring's barriers (full and empty, of K and of V, per
-        // stage) and an output stage of its own
-        // (its Q tile takes the next work item's rows while the output is stored); with 128-key
-        // tiles, whose products read Q from shared memory, a second Q tile for the next item.
+        // stage) and an output stage of its own (its Q tile takes the next work item's rows
+        // while the output is stored); with 128-key tiles, whose products read Q from shared
+        // memory, a second Q tile for the next item.
         let ws_extra = if self.warp_specialized {
             let next_q = if self.kv_tile == 128 {
                 self.cta_q() * qk_row
@@ -401,11 +401,10 @@ impl TileConfig {
     /// per SM) a few registers short, and the fixes that remove those spills cost speed. The
     /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
     /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
-    /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies'
-    /// addresses beside the accumulators) and warp-specialised head-dim-128 ones (the custom
-    /// mask's, up to 96 B with `ws2q1kv128`; soft-cap and ALiBi 4-24 B); no kernel serializes its
-    /// wgmma. Code that
-    /// removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
+    /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies' addresses
+    /// beside the accumulators) and warp-specialised head-dim-128 ones (the custom mask's, up to
+    /// 96 B with `ws2q1kv128`; soft-cap and ALiBi 4-24 B); no kernel serializes its wgmma. Code
+    /// that removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
     /// --arch sm_90a,sm_80` lists every kernel's spills and fails one past the budget.
