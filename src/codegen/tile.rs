@@ -225,6 +225,21 @@ impl TileConfig {
     /// (half the softmax bookkeeping and barriers per key, `m64n128k16` products) in two.
     pub const WARP_SPECIALIZED: [(u32, u32); 2] = [(Self::WARP_SPECIALIZED_STAGES, 64), (2, 128)];
 
+    /// The warp-specialised tile the planner may take (`cuda::choose_tile_on`): 128-key tiles in
+    /// two stages, the softmax's bookkeeping once per 128 keys; beside the planner's row tile on
+    /// the H200 it measured ahead on more shapes than the 64-key tile (the two tables of
+    /// `docs/kernel-design.md`, `attnforge bench --filter bf16-d128 --tile ws2q1kv128`).
+    pub const PLANNED_WARP_SPECIALIZED: TileConfig = TileConfig {
+        num_warps: WS_PRODUCER_WARPS + 8,
+        mma_q: 1,
+        kv_tile: 128,
+        kv_sub: 128,
+        split_keys: false,
+        kv_stages: 2,
+        wgmma: true,
+        warp_specialized: true,
+    };
+
     /// The warp-specialised tiles of the compile matrix ([`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED)).
     pub fn warp_specialized_tiles() -> impl Iterator<Item = TileConfig> {
         Self::WARP_SPECIALIZED

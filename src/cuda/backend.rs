@@ -5,7 +5,7 @@ use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
 use super::paged::{PagedPlan, PagedRunMode};
-use super::plan::{plan_arch, PlanOptions};
+use super::plan::{persistent_plannable, plan_arch, PlanOptions};
 use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
 use crate::dtype::DType;
@@ -232,7 +232,11 @@ impl Backend for CudaBackend {
             };
             let tile = match self.requested_tile(&case.problem, kv, case.tile) {
                 Ok(Some(tile)) => tile,
-                Ok(None) => choose_tile_on(&case.problem, kv, sm_count, self.arch()),
+                Ok(None) => {
+                    let persistent =
+                        persistent_plannable(&case.problem, kv, SplitChoice::Planned, false);
+                    choose_tile_on(&case.problem, kv, sm_count, self.arch(), persistent)
+                }
                 // Reported by the case's run.
                 Err(_) => continue,
             };

@@ -13,7 +13,7 @@ use super::schedule::{
     choose_kv_split, choose_tile_on, item_costs, prefill_work, split_slots, KvSplit, SplitChoice,
     WorkItem, CTA_OVERHEAD_KEYS,
 };
-use super::tma::{kv_tensor_map, KvView};
+use super::tma::{check_addressable, kv_tensor_map, KvView};
 use crate::codegen::{
     self, FastDivisor, KernelSpec, KvCache, ParamBlockLayout, PrefillParams, TileConfig, TmaMap,
     MERGE_ROWS_PER_CTA, MERGE_THREADS,
@@ -210,6 +210,41 @@ fn check_tile_runs_on(tile: TileConfig, arch: Arch, dims: HeadDims) -> Result<()
     })
 }
 
+/// Whether the planner may take the warp-specialised tile for `problem` over K/V from `kv` with
+/// `split` (`choose_tile_on`): its persistent launch writes no partial results (no KV split), a
+/// graph-stable plan gives its kernel no tensor maps (the maps hold the batch's key count), and
+/// every K/V tile arrives by TMA, so an unsplit plan that is not `graph_stable`, over ragged K/V
+/// whose views the accelerator can address. A view's address is known to be aligned at plan
+/// time: a buffer's base is 16-byte aligned (`DeviceTensor::from_raw` refuses others) and the
+/// view's offset is a multiple of 16 bytes (`check_view_alignment`).
+pub(crate) fn persistent_plannable(
+    problem: &AttentionProblem,
+    kv: KvCache,
+    split: SplitChoice,
+    graph_stable: bool,
+) -> bool {
+    if graph_stable || kv != KvCache::Ragged || matches!(split, SplitChoice::ChunkKeys(_)) {
+        return false;
+    }
+    let elem = problem.input_dtype.size_bytes() as u64;
+    let view = |v: &crate::problem::TensorView, dim| KvView {
+        address: v.offset as u64 * elem,
+        dtype: problem.input_dtype,
+        tokens: problem.batch.total_kv(),
+        heads: problem.num_kv_heads,
+        dim,
+        token_stride: v.token_stride as i64,
+        head_stride: v.head_stride as i64,
+    };
+    let dims = problem.head_dims;
+    [
+        view(&problem.k_view, dims.qk()),
+        view(&problem.v_view, dims.vo()),
+    ]
+    .iter()
+    .all(|v| check_addressable(v).is_ok())
+}
+
 /// The launch of a persistent kernel (the warp-specialised tile) over work items with their
 /// costs in keys, in the planner's launch order: at most one CTA per slot; each item, in that
 /// order, goes to the CTA whose items so far cost least (each item also costing
@@ -306,9 +341,10 @@ impl KernelPlan {
         }
         let sm_count = engine.info().sm_count as usize;
         let arch = plan_arch(options.tiles_of, engine.info().arch)?;
-        let tile = options
-            .tile
-            .unwrap_or_else(|| choose_tile_on(problem, kv, sm_count, arch));
+        let tile = options.tile.unwrap_or_else(|| {
+            let persistent = persistent_plannable(problem, kv, options.split, capacity.is_some());
+            choose_tile_on(problem, kv, sm_count, arch, persistent)
+        });
         check_tile_runs_on(tile, arch, problem.head_dims)?;
         let spec = KernelSpec::for_problem(problem, kv, tile)?.with_kv_fp8(kv_fp8)?;
         let rendered = codegen::render(&spec);
@@ -643,6 +679,74 @@ mod tests {
             .expect_err("wgmma tiles on sm_89")
             .to_string();
         assert!(text.contains("sm_90a") && text.contains("sm_80"), "{text}");
+    }
+
+    // The warp-specialised tile is offered to the planner only for an unsplit, not graph-stable
+    // plan over ragged K/V that the accelerator can address.
+    #[test]
+    fn persistent_launches_are_planned_only_where_they_can_run() {
+        use crate::problem::{RaggedBatch, TensorView};
+        let p = AttentionProblem::new(
+            RaggedBatch::from_lens(&[(4096, 4096)]).unwrap(),
+            32,
+            8,
+            d128(),
+            crate::DType::Bf16,
+        );
+        let planned = SplitChoice::Planned;
+        assert!(persistent_plannable(&p, KvCache::Ragged, planned, false));
+        assert!(persistent_plannable(
+            &p,
+            KvCache::Ragged,
+            SplitChoice::Unsplit,
+            false
+        ));
+        assert!(!persistent_plannable(&p, KvCache::Ragged, planned, true));
+        assert!(!persistent_plannable(&p, KvCache::Paged, planned, false));
+        assert!(!persistent_plannable(
+            &p,
+            KvCache::Ragged,
+            SplitChoice::ChunkKeys(1024),
+            false
+        ));
+        // K and V of one fused `[tokens, 2, heads, dim]` buffer: addressable.
+        let fused = |offset| TensorView {
+            offset,
+            token_stride: 2 * 8 * 128,
+            head_stride: 128,
+        };
+        let mut kv_fused = p.clone();
+        kv_fused.k_view = fused(0);
+        kv_fused.v_view = fused(8 * 128);
+        assert!(persistent_plannable(
+            &kv_fused,
+            KvCache::Ragged,
+            planned,
+            false
+        ));
+        // Every head on one vector (a zero head stride): no tensor map describes it.
+        let mut broadcast = p.clone();
+        broadcast.v_view.head_stride = 0;
+        assert!(!persistent_plannable(
+            &broadcast,
+            KvCache::Ragged,
+            planned,
+            false
+        ));
+        // No keys at all: nothing to address.
+        let empty = AttentionProblem::new(
+            RaggedBatch::from_lens(&[(4, 0)]).unwrap(),
+            32,
+            8,
+            d128(),
+            crate::DType::Bf16,
+        );
+        assert!(!persistent_plannable(
+            &empty,
+            KvCache::Ragged,
+            planned,
+            false
+        ));
     }
 
     // The persistent launch: at most one CTA per slot; every item once, each CTA's walk over

@@ -162,11 +162,20 @@ pub(crate) fn choose_kv_split(
 /// with one resident CTA per SM ([`TileConfig::resident_ctas`]: head dim 256's two warpgroups)
 /// has half the slots and the SM to itself: its cost per key is halved and divided by
 /// [`ONE_CTA_WIDE_TILE_RATE`].
+///
+/// When `persistent` allows it (an unsplit plan that is not graph-stable, over K/V views the
+/// tensor memory accelerator can address: `plan::persistent_plannable`), the warp-specialised
+/// tile [`TileConfig::PLANNED_WARP_SPECIALIZED`] competes too, at head dim 128 and without a
+/// custom mask (whose kernels of that tile spill, and which no benchmark has timed): one CTA of 128
+/// rows per SM, unsplit, each key costing half a widest-tile slot's divided by
+/// [`WARP_SPECIALIZED_RATE`], and each causal tile paying for the keys of its last 128-key tile
+/// that the mask hides.
 pub(crate) fn choose_tile_on(
     problem: &AttentionProblem,
     kv: KvCache,
     sm_count: usize,
     arch: Arch,
+    persistent: bool,
 ) -> TileConfig {
     let dims = problem.head_dims;
     let max_packed_rows =
@@ -205,6 +214,32 @@ pub(crate) fn choose_tile_on(
         );
         if best.is_none_or(|(f, _)| finish < f) {
             best = Some((finish, tile));
+        }
+    }
+    let ws = TileConfig::PLANNED_WARP_SPECIALIZED;
+    let ws_eligible = persistent
+        && dims.qk() == 128
+        && !matches!(problem.mask, Mask::Custom(_))
+        && ws.runs_on(arch, dims)
+        && ws.supports(kv)
+        && ws.supports_qk_accum(problem.qk_accum);
+    if ws_eligible {
+        let occupancy =
+            ws.resident_ctas(dims, arch) as f64 / TileConfig::ROW_TILE_CTAS_PER_SM as f64;
+        let share = ws.cta_q() as f64 / widest;
+        let key_cost =
+            (WIDEST_KEY_COST as f64 * share * occupancy / WARP_SPECIALIZED_RATE).round() as u64;
+        let slots = sm_count * ws.resident_ctas(dims, arch) as usize;
+        let finish = makespan(
+            problem,
+            ws.cta_q() as usize,
+            ws.kv_tile as usize,
+            None,
+            slots,
+            key_cost,
+        );
+        if best.is_none_or(|(f, _)| finish < f) {
+            best = Some((finish, ws));
         }
     }
     best.map_or(key_split, |(_, t)| t)
@@ -247,6 +282,14 @@ const NARROW_TILE_ROW_EFFICIENCY: f64 = 0.85;
 /// f16-d256`, with and without `--tile w4q1kv64b1g`).
 const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 
+/// Rows per second per SM of the warp-specialised 128-key tile (`ws2q1kv128`, one CTA of 128
+/// rows per SM) against two CTAs of the widest row tile (`w8q1kv64g`) where both fill the GPU:
+/// 1.026 to 1.05 non-causal and 1.014 to 1.02 causal at seq 4096 to 32768 on an H200 (bf16,
+/// head dim 128, 32 heads), the causal shapes' lower figure being the masked keys of their last
+/// 128-key tiles, which the simulation counts apart (`attnforge bench --filter d128 --tile
+/// ws2q1kv128` against the same command without `--tile`).
+const WARP_SPECIALIZED_RATE: f64 = 1.035;
+
 /// The cost of one key for a CTA of the widest row tile, in the simulation's units
 /// (thousandths of a key).
 const WIDEST_KEY_COST: u64 = 1000;
@@ -264,7 +307,7 @@ fn best_split(
     let max_kv = problem.batch.lens().iter().map(|l| l.1).max().unwrap_or(0);
     let min_chunk = MIN_CHUNK_KEYS.next_multiple_of(kv_tile);
     let items = query_tiles(problem, cta_q).len() * problem.num_kv_heads;
-    let unsplit = makespan(problem, cta_q, None, slots, key_cost);
+    let unsplit = makespan(problem, cta_q, kv_tile, None, slots, key_cost);
     if items == 0 {
         return (unsplit, None);
     }
@@ -293,7 +336,7 @@ fn best_split(
             chunk,
             max_chunks: max_kv.div_ceil(chunk),
         };
-        let cost = makespan(problem, cta_q, Some(&split), slots, key_cost)
+        let cost = makespan(problem, cta_q, kv_tile, Some(&split), slots, key_cost)
             + MERGE_OVERHEAD_KEYS as u64 * WIDEST_KEY_COST;
         if cost < best.0 {
             best = (cost, Some(split));
@@ -303,10 +346,13 @@ fn best_split(
 }
 
 /// Estimated finish, in thousandths of a key of the widest tile, of the work list dealt longest
-/// first to `slots` slots, each key of an item costing `key_cost`.
+/// first to `slots` slots, each key of an item costing `key_cost`, and an item's keys counted in
+/// whole tiles of `kv_tile` (the keys of its last tile that the mask or the request's end hides
+/// are computed all the same).
 fn makespan(
     problem: &AttentionProblem,
     cta_q: usize,
+    kv_tile: usize,
     split: Option<&KvSplit>,
     slots: usize,
     key_cost: u64,
@@ -320,7 +366,7 @@ fn makespan(
     let mut end = 0;
     for (cost, _) in costs {
         let Reverse(t) = free.pop().unwrap_or(Reverse(0));
-        let done = t + cost as u64 * key_cost + per_item;
+        let done = t + cost.next_multiple_of(kv_tile.max(1)) as u64 * key_cost + per_item;
         end = end.max(done);
         free.push(Reverse(done));
     }
@@ -641,7 +687,7 @@ mod tests {
                 DType::F16,
             )
             .with_mask(mask);
-            choose_tile_on(&p, KvCache::Ragged, 132, arch).label()
+            choose_tile_on(&p, KvCache::Ragged, 132, arch, false).label()
         };
         let sm90 = Arch::Sm90a;
         assert_eq!(
@@ -673,6 +719,7 @@ mod tests {
                 KvCache::Ragged,
                 132,
                 Arch::Sm80,
+                false,
             );
             (t.cta_q(), t.split_keys)
         };
@@ -690,5 +737,57 @@ mod tests {
         assert_eq!(tile(&[(1, 4096); 64], 32, 8, Mask::None), (16, true));
         // A prefill of fewer rows than the wide tile holds.
         assert_eq!(tile(&[(40, 40)], 8, 8, Mask::None), (64, false));
+    }
+
+    // The warp-specialised tile where the planner may take it (an unsplit, not graph-stable
+    // plan over addressable K/V): the long prefills, which it ran 1.5% to 5% faster on the H200,
+    // and the short ones whose 128-row tiles leave slots idle, where its persistent CTAs and
+    // single wave measured +12% (non-causal s512) and +16% (causal s1024); not causal s2048 or
+    // s4096 (-3% to +1.4%), where the masked half of each diagonal 128-key tile costs what the
+    // tile gains.
+    #[test]
+    fn warp_specialized_tile_takes_long_prefills_where_persistent_launches_are_allowed() {
+        let tile = |lens: &[(usize, usize)], hkv, mask, dim, arch, persistent| {
+            let p = AttentionProblem::new(
+                RaggedBatch::from_lens(lens).unwrap(),
+                32,
+                hkv,
+                HeadDims::equal(dim).unwrap(),
+                DType::Bf16,
+            )
+            .with_mask(mask);
+            choose_tile_on(&p, KvCache::Ragged, 132, arch, persistent).label()
+        };
+        let sm90 = Arch::Sm90a;
+        for (s, hkv, mask) in [
+            (16384, 32, Mask::Causal),
+            (8192, 8, Mask::Causal),
+            (4096, 32, Mask::None),
+            (1024, 32, Mask::Causal),
+            (512, 32, Mask::None),
+        ] {
+            assert_eq!(
+                tile(&[(s, s)], hkv, mask.clone(), 128, sm90, true),
+                "ws2q1kv128"
+            );
+            assert_ne!(tile(&[(s, s)], hkv, mask, 128, sm90, false), "ws2q1kv128");
+        }
+        assert_eq!(
+            tile(&[(2048, 2048)], 32, Mask::Causal, 128, sm90, true),
+            "w8q1kv64g"
+        );
+        assert_eq!(
+            tile(&[(4096, 4096)], 8, Mask::Causal, 128, sm90, true),
+            "w8q1kv64g"
+        );
+        // Only head dim 128 (the one measured), only on sm_90a.
+        assert_eq!(
+            tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, true),
+            tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, false)
+        );
+        assert_eq!(
+            tile(&[(8192, 8192)], 32, Mask::None, 128, Arch::Sm80, true),
+            "w4q2kv64"
+        );
     }
 }

@@ -52,7 +52,21 @@ pub(crate) fn kv_tensor_map(view: &KvView) -> Option<TmaMap> {
     }
 }
 
-fn encode(view: &KvView) -> Result<TmaMap, String> {
+/// Whether the accelerator can address `view` (else why not), decided on the host without the
+/// driver: what a plan checks before it takes a kernel whose every K/V tile arrives by TMA.
+pub(crate) fn check_addressable(view: &KvView) -> Result<(), String> {
+    layout(view).map(|_| ())
+}
+
+/// What the driver is told of an addressable view: element type, dimensions and strides (in
+/// bytes) of its outer dimensions, innermost first.
+struct Layout {
+    data_type: sys::CUtensorMapDataType,
+    dims: [u64; 3],
+    strides: [u64; 2],
+}
+
+fn layout(view: &KvView) -> Result<Layout, String> {
     let data_type = match view.dtype {
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -84,7 +98,19 @@ fn encode(view: &KvView) -> Result<TmaMap, String> {
     if dims.iter().any(|&d| d == 0 || d > MAX_DIM) || dims[2] > MAX_TOKENS {
         return Err(format!("dimensions {dims:?}"));
     }
-    let strides = [head_stride, token_stride];
+    Ok(Layout {
+        data_type,
+        dims,
+        strides: [head_stride, token_stride],
+    })
+}
+
+fn encode(view: &KvView) -> Result<TmaMap, String> {
+    let Layout {
+        data_type,
+        dims,
+        strides,
+    } = layout(view)?;
     let box_dims = [BOX_ELEMS as u32, 1, BOX_TOKENS];
     let element_strides = [1u32; 3];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
@@ -193,7 +219,9 @@ mod tests {
                 "dimensions",
             ),
         ];
+        assert_eq!(check_addressable(&view()), Ok(()));
         for (v, why) in cases {
+            assert!(check_addressable(&v).is_err(), "{why}");
             let err = encode(&v).expect_err(why);
             assert!(err.contains(why), "{err:?} should name {why:?}");
         }
