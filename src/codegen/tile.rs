@@ -201,7 +201,7 @@ impl TileConfig {
 
     /// The warp-specialised tile with a ring of `stages` K/V stages of `kv_tile` keys (64 or
     /// 128: S = Q K^T of a stage is one `m64n{kv_tile}k16` product per k16 step).
-    pub fn warp_specialized(stages: u32, kv_tile: u32) -> TileConfig {
+    pub const fn warp_specialized(stages: u32, kv_tile: u32) -> TileConfig {
         TileConfig {
             num_warps: WS_PRODUCER_WARPS + 8,
             mma_q: 1,
@@ -229,16 +229,7 @@ impl TileConfig {
     /// two stages, the softmax's bookkeeping once per 128 keys; beside the planner's row tile on
     /// the H200 it measured ahead on more shapes than the 64-key tile (the two tables of
     /// `docs/kernel-design.md`, `attnforge bench --filter bf16-d128 --tile ws2q1kv128`).
-    pub const PLANNED_WARP_SPECIALIZED: TileConfig = TileConfig {
-        num_warps: WS_PRODUCER_WARPS + 8,
-        mma_q: 1,
-        kv_tile: 128,
-        kv_sub: 128,
-        split_keys: false,
-        kv_stages: 2,
-        wgmma: true,
-        warp_specialized: true,
-    };
+    pub const PLANNED_WARP_SPECIALIZED: TileConfig = Self::warp_specialized(2, 128);
 
     /// The warp-specialised tiles of the compile matrix ([`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED)).
     pub fn warp_specialized_tiles() -> impl Iterator<Item = TileConfig> {

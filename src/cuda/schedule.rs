@@ -758,6 +758,10 @@ mod tests {
             .with_mask(mask);
             choose_tile_on(&p, KvCache::Ragged, 132, arch, persistent).label()
         };
+        // The tile it plans is one the compile matrix builds.
+        assert!(
+            TileConfig::warp_specialized_tiles().any(|t| t == TileConfig::PLANNED_WARP_SPECIALIZED)
+        );
         let sm90 = Arch::Sm90a;
         for (s, hkv, mask) in [
             (16384, 32, Mask::Causal),
