@@ -227,14 +227,15 @@ pub(crate) fn persistent_plannable(
         return false;
     }
     let elem = problem.input_dtype.size_bytes() as u64;
-    let view = |v: &crate::problem::TensorView, dim| KvView {
-        address: v.offset as u64 * elem,
-        dtype: problem.input_dtype,
-        tokens: problem.batch.total_kv(),
-        heads: problem.num_kv_heads,
-        dim,
-        token_stride: v.token_stride as i64,
-        head_stride: v.head_stride as i64,
+    let view = |v: &crate::problem::TensorView, dim| {
+        let address = v.offset as u64 * elem;
+        kv_view(
+            problem,
+            address,
+            dim,
+            v.token_stride as i64,
+            v.head_stride as i64,
+        )
     };
     let dims = problem.head_dims;
     [
@@ -243,6 +244,26 @@ pub(crate) fn persistent_plannable(
     ]
     .iter()
     .all(|v| check_addressable(v).is_ok())
+}
+
+/// The K or V view (`address` in bytes, head dim `dim`, strides in elements) of `problem`'s
+/// ragged K/V as the tensor memory accelerator reads it: every token and KV head.
+fn kv_view(
+    problem: &AttentionProblem,
+    address: u64,
+    dim: usize,
+    token_stride: i64,
+    head_stride: i64,
+) -> KvView {
+    KvView {
+        address,
+        dtype: problem.input_dtype,
+        tokens: problem.batch.total_kv(),
+        heads: problem.num_kv_heads,
+        dim,
+        token_stride,
+        head_stride,
+    }
 }
 
 /// The launch of a persistent kernel (the warp-specialised tile) over work items with their
@@ -469,14 +490,8 @@ impl KernelPlan {
     /// The K and V tensor maps of `kv`'s views (see [`kv_tensor_maps`](Self::kv_tensor_maps)).
     fn encode_kv_tensor_maps(&self, kv: KvAddress) -> TensorMapPair {
         let p = &self.problem;
-        let view = |address, dim, token_stride, head_stride| KvView {
-            address,
-            dtype: p.input_dtype,
-            tokens: p.batch.total_kv(),
-            heads: p.num_kv_heads,
-            dim,
-            token_stride,
-            head_stride,
+        let view = |address, dim, token_stride, head_stride| {
+            kv_view(p, address, dim, token_stride, head_stride)
         };
         (
             kv_tensor_map(&view(

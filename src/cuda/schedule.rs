@@ -203,8 +203,7 @@ pub(crate) fn choose_tile_on(
         } else {
             1.0
         };
-        let occupancy = resident as f64 / TileConfig::ROW_TILE_CTAS_PER_SM as f64;
-        let key_cost = (WIDEST_KEY_COST as f64 * share * occupancy / efficiency).round() as u64;
+        let key_cost = key_cost(share, resident, efficiency);
         let (finish, _) = best_split(
             problem,
             tile.cta_q() as usize,
@@ -224,25 +223,30 @@ pub(crate) fn choose_tile_on(
         && ws.supports(kv)
         && ws.supports_qk_accum(problem.qk_accum);
     if ws_eligible {
-        let occupancy =
-            ws.resident_ctas(dims, arch) as f64 / TileConfig::ROW_TILE_CTAS_PER_SM as f64;
+        let resident = ws.resident_ctas(dims, arch);
         let share = ws.cta_q() as f64 / widest;
-        let key_cost =
-            (WIDEST_KEY_COST as f64 * share * occupancy / WARP_SPECIALIZED_RATE).round() as u64;
-        let slots = sm_count * ws.resident_ctas(dims, arch) as usize;
         let finish = makespan(
             problem,
             ws.cta_q() as usize,
             ws.kv_tile as usize,
             None,
-            slots,
-            key_cost,
+            sm_count * resident as usize,
+            key_cost(share, resident, WARP_SPECIALIZED_RATE),
         );
         if best.is_none_or(|(f, _)| finish < f) {
             best = Some((finish, ws));
         }
     }
     best.map_or(key_split, |(_, t)| t)
+}
+
+/// The simulated cost of one key of a work item on one CTA slot of a tile: the widest tile's
+/// ([`WIDEST_KEY_COST`]) scaled by the tile's share of the widest tile's rows and by its resident
+/// CTAs per SM against [`TileConfig::ROW_TILE_CTAS_PER_SM`] (a slot of a tile with fewer CTAs per SM
+/// has more of the SM), divided by the tile's rate against that model (1 where it holds).
+fn key_cost(share: f64, resident: u32, rate: f64) -> u64 {
+    let occupancy = resident as f64 / TileConfig::ROW_TILE_CTAS_PER_SM as f64;
+    (WIDEST_KEY_COST as f64 * share * occupancy / rate).round() as u64
 }
 
 /// The CTA slots among which [`choose_kv_split`] deals the work of a kernel with tile `tile`,
