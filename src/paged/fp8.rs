@@ -16,6 +16,7 @@ use crate::dtype::DType;
 use crate::problem::{InvalidProblem, Validation};
 use crate::tensor::HostTensor;
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 /// The dequantisation scales of an fp8 cache: one f32 for all of K (and one for V), or one per
 /// KV head.
@@ -219,30 +220,33 @@ pub fn gather_dequantized(
     table.validate(layout.page_size, layout.num_pages)?;
     let (k_src, v_src) = cache.pages.k_and_v();
     let ps = layout.page_size;
+    let heads = layout.num_kv_heads;
     let (dqk, dvo) = (layout.head_dims.qk(), layout.head_dims.vo());
-    let total: usize = table.kv_lens(ps).iter().sum();
-    let mut k = Vec::with_capacity(total * layout.num_kv_heads * dqk);
-    let mut v = Vec::with_capacity(total * layout.num_kv_heads * dvo);
-    for r in 0..table.batch_size() {
-        for j in 0..table.kv_len(r, ps) {
-            let (page, slot) = table.locate(r, j, ps);
-            for h in 0..layout.num_kv_heads {
-                let (ks, vs) = (cache.scales.scale(true, h), cache.scales.scale(false, h));
-                let at = layout.k_index(page, slot, h, 0);
-                k.extend(
-                    k_src.codes[at..at + dqk]
-                        .iter()
-                        .map(|&c| dequantize_code(k_src.format, c, ks)),
-                );
-                let at = layout.v_index(page, slot, h, 0);
-                v.extend(
-                    v_src.codes[at..at + dvo]
-                        .iter()
-                        .map(|&c| dequantize_code(v_src.format, c, vs)),
-                );
-            }
-        }
-    }
+    // Every token's (page, slot) in request order, then the rows dequantised in parallel (a
+    // benchmark's cache is gigabytes).
+    let slots: Vec<(usize, usize)> = (0..table.batch_size())
+        .flat_map(|r| (0..table.kv_len(r, ps)).map(move |j| table.locate(r, j, ps)))
+        .collect();
+    let rows = |codes: &Fp8Tensor, is_k: bool, dim: usize| -> Vec<f32> {
+        let mut out = vec![0f32; slots.len() * heads * dim];
+        out.par_chunks_mut(heads * dim)
+            .zip(&slots)
+            .for_each(|(token, &(page, slot))| {
+                for (h, row) in token.chunks_mut(dim).enumerate() {
+                    let at = if is_k {
+                        layout.k_index(page, slot, h, 0)
+                    } else {
+                        layout.v_index(page, slot, h, 0)
+                    };
+                    let scale = cache.scales.scale(is_k, h);
+                    for (d, &c) in row.iter_mut().zip(&codes.codes[at..at + dim]) {
+                        *d = dequantize_code(codes.format, c, scale);
+                    }
+                }
+            });
+        out
+    };
+    let (k, v) = (rows(k_src, true, dqk), rows(v_src, false, dvo));
     Ok((
         HostTensor::from_f32(layout.dtype, &k),
         HostTensor::from_f32(layout.dtype, &v),
