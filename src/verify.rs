@@ -49,8 +49,9 @@ pub trait Backend {
         v: &HostTensor,
         tile: TileRequest,
     ) -> Result<AttentionOutput, Error>;
-    /// Gets ready to run `cases` (the GPU backend compiles their kernels in parallel into the
-    /// disk cache, with progress); nothing by default.
+    /// Gets ready to run `cases`, without waiting for what it starts: the GPU backend starts
+    /// compiling their kernels into the disk cache on background threads, and each case's run
+    /// waits only for its own kernels. Nothing by default.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
         let _ = cases;
         Ok(())

@@ -1,14 +1,17 @@
 //! The disk cache through `Jit`: miss then hit, corrupt and truncated entries rebuilt, two
-//! processes compiling one kernel at once, many threads at once, and when the cache is bypassed.
+//! processes compiling one kernel at once, many threads at once, a background compile beside
+//! requests of its kernels, and when the cache is bypassed.
 
 mod jit_support;
 
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use attnforge::jit::batch::{compile_all, BatchJob, Progress};
+use attnforge::jit::batch::{compile_all, compile_in_background, BatchJob, Progress};
 use attnforge::jit::cache::Lookup;
 use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, KernelSource};
 use jit_support::{jit, ADD_KERNEL, SPILL_KERNEL};
@@ -209,6 +212,164 @@ fn many_threads_one_kernel_compile_once_and_keep_order() {
     }
     assert_eq!(compiled, 2, "one compile per distinct (source, arch)");
     assert!(compile_all(&jit, &jobs, 0, &Progress::Silent).is_err());
+}
+
+fn batch_job(name: &str, source: &str, arch: Arch) -> BatchJob {
+    BatchJob {
+        name: name.into(),
+        entry: name.into(),
+        source: source.into(),
+        snippets: vec![],
+        options: CompileOptions::new(arch),
+    }
+}
+
+/// Long enough for any compile here on a loaded machine; reached only when something hangs.
+const PATIENCE: Duration = Duration::from_secs(300);
+
+#[test]
+fn background_compile_beside_requests_of_the_same_kernels() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    // Five distinct kernels. The slow one first: a worker takes it at once, so the test thread's
+    // request of it most likely waits on the worker's build lock; the last one the test thread
+    // most likely compiles before a worker reaches it. Either way each is compiled once.
+    let jobs = vec![
+        batch_job("heavy", SPILL_KERNEL, Arch::Sm90a),
+        batch_job("add", ADD_KERNEL, Arch::Sm80),
+        batch_job("heavy", SPILL_KERNEL, Arch::Sm80),
+        batch_job("add", ADD_KERNEL, Arch::Sm90a),
+        batch_job("add", ADD_KERNEL, Arch::Sm89),
+    ];
+    let reported = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&reported);
+    let compile = compile_in_background(jit.clone(), jobs.clone(), 2, move |job, result| {
+        let arch = job.options.arch;
+        log.lock()
+            .unwrap()
+            .push((job.name.clone(), arch, result.is_ok()));
+    })
+    .unwrap();
+    assert_eq!((compile.total(), compile.workers()), (jobs.len(), 2));
+
+    let mine = [0, jobs.len() - 1];
+    let mut asked = Vec::new();
+    for &i in &mine {
+        let job = &jobs[i];
+        let out = jit.compile(&job.kernel_source(), &job.options).unwrap();
+        assert!(
+            matches!(out.cache, CacheStatus::Hit | CacheStatus::Compiled),
+            "job {i}: {:?}",
+            out.cache
+        );
+        assert_eq!(out.kernel.arch, job.options.arch, "job {i}");
+        assert_eq!(out.kernel.entry, job.entry, "job {i}");
+        assert!(out.kernel.cubin.starts_with(b"\x7fELF"), "job {i}");
+        asked.push(out);
+    }
+
+    let start = Instant::now();
+    while compile.finished() < compile.total() {
+        assert!(start.elapsed() < PATIENCE, "{compile:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let results = compile.join();
+    assert_eq!(results.len(), jobs.len());
+    for (i, (r, job)) in results.iter().zip(&jobs).enumerate() {
+        let out = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("job {i} ({}): {e}", job.name));
+        assert_eq!(out.kernel.arch, job.options.arch, "job {i}");
+        assert_eq!(out.kernel.entry, job.entry, "job {i}");
+    }
+    // The build lock excludes the test thread and the workers alike: of each pair of requests
+    // for one kernel, exactly one compiled it and the other loaded its entry.
+    for (&i, out) in mine.iter().zip(&asked) {
+        let by_worker = &results[i].as_ref().unwrap().cache;
+        let compiled = [&out.cache, by_worker]
+            .into_iter()
+            .filter(|s| **s == CacheStatus::Compiled)
+            .count();
+        assert_eq!(
+            compiled, 1,
+            "job {i}: test thread {:?}, worker {by_worker:?}",
+            out.cache
+        );
+        assert_eq!(out.kernel.cubin, results[i].as_ref().unwrap().kernel.cubin);
+    }
+    let mut reported = reported.lock().unwrap().clone();
+    reported.sort();
+    let mut expected: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.name.clone(), j.options.arch, true))
+        .collect();
+    expected.sort();
+    assert_eq!(reported, expected, "on_finished once per job");
+    for (i, job) in jobs.iter().enumerate() {
+        let again = jit.compile(&job.kernel_source(), &job.options).unwrap();
+        assert_eq!(again.cache, CacheStatus::Hit, "job {i}");
+    }
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), jobs.len());
+}
+
+#[test]
+fn dropped_background_compile_takes_no_further_job() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let jobs: Vec<BatchJob> = [Arch::Sm80, Arch::Sm86, Arch::Sm89]
+        .into_iter()
+        .map(|arch| batch_job("add", ADD_KERNEL, arch))
+        .collect();
+    // The one worker reports its first job, then waits until the handle has been dropped.
+    let (finished_tx, finished_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    let compile = compile_in_background(jit.clone(), jobs, 1, move |job, result| {
+        let _ = finished_tx.send((job.options.arch, result.is_ok()));
+        let _ = go_rx.lock().unwrap().recv();
+    })
+    .unwrap();
+    assert_eq!(
+        finished_rx.recv_timeout(PATIENCE).unwrap(),
+        (Arch::Sm80, true)
+    );
+    // Dropped on another thread, so that a drop that waited for the (blocked) worker fails the
+    // test rather than hanging it.
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(compile);
+        let _ = dropped_tx.send(());
+    });
+    dropped_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("dropping the handle returns while a worker is busy");
+    go_tx.send(()).unwrap();
+    // The worker ends without taking another job, and its callback (holding the sender) goes
+    // with it.
+    assert_eq!(
+        finished_rx.recv_timeout(PATIENCE),
+        Err(RecvTimeoutError::Disconnected)
+    );
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), 1);
+}
+
+#[test]
+fn background_compile_needs_a_thread() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let jobs = vec![batch_job("add", ADD_KERNEL, Arch::Sm80)];
+    let err = compile_in_background(jit.clone(), jobs, 0, |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("at least 1"), "{err}");
+    let none = compile_in_background(jit.clone(), Vec::new(), 4, |_, _| {}).unwrap();
+    assert_eq!((none.total(), none.workers()), (0, 0));
+    assert!(none.join().is_empty());
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), 0);
 }
 
 #[test]

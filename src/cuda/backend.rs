@@ -9,8 +9,8 @@ use super::plan::{persistent_plannable, plan_arch, PlanOptions};
 use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
 use crate::dtype::DType;
-use crate::jit::batch::{compile_all, BatchJob, Progress};
-use crate::jit::{Arch, CompileOptions};
+use crate::jit::batch::{compile_in_background, BackgroundCompile, BatchJob};
+use crate::jit::{Arch, CompileOptions, JitError};
 use crate::merge::MergeShape;
 use crate::paged::{PagedAttention, PagedCache};
 use crate::problem::{AttentionProblem, HeadDims, InvalidProblem, QkAccum};
@@ -19,6 +19,8 @@ use crate::testing::{BackendCaps, Case, PagedRun, TileRequest};
 use crate::verify::{run_case, Backend, CaseResult, Oracle, SELF_CHECK};
 use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
+use std::io::Write;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// Runs each problem through [`Engine::prefill_host_with_options`] (outputs poisoned with NaN
@@ -30,6 +32,9 @@ pub struct CudaBackend {
     tiles_of: Option<Arch>,
     /// The tile every plan takes, whatever the case asks (`None`: the case's request).
     tile: Option<TileConfig>,
+    /// The compile [`Backend::prepare`] started, kept so that dropping the backend stops its
+    /// workers from taking further kernels; never joined (see `prepare`).
+    background: Mutex<Option<BackgroundCompile>>,
 }
 
 impl CudaBackend {
@@ -39,6 +44,7 @@ impl CudaBackend {
             engine: Engine::new(ordinal)?,
             tiles_of: None,
             tile: None,
+            background: Mutex::new(None),
         })
     }
 
@@ -211,10 +217,20 @@ impl Backend for CudaBackend {
             .prefill_host_with_options(problem, q, k, v, options)
     }
 
-    /// Compiles the distinct kernels of `cases` (the fast kernel and the GPU reference kernel
-    /// of each) on every core into the disk cache, so that the sequential runs only load them.
-    /// Without a disk cache there is nothing to keep them in, and each run compiles its own. A
-    /// kernel that fails here fails again in its case's run, which reports it.
+    /// Starts compiling the distinct kernels of `cases` (the fast kernel and the GPU reference
+    /// kernel of each) into the disk cache on background threads, one core fewer than the
+    /// machine has (at least one), in the order of the cases, and returns at once. Each case's
+    /// run then waits only for its own kernels: a kernel a worker is compiling is waited for
+    /// through the cache's build lock and loaded, one no worker has reached yet is compiled by
+    /// the run itself (the worker later finds it cached). So results come as soon as their
+    /// kernels exist, and a run cut short keeps the cases it got through. Without a disk cache
+    /// there is nothing to keep the kernels in, and each run compiles its own. A kernel that
+    /// fails in the background is named on stderr at once (one line) and fails again in its
+    /// case's run, which reports it.
+    ///
+    /// The compile is never waited for: when the backend is dropped (the suite ended, or
+    /// stopped because the context was lost) its workers take no further kernel, and those
+    /// still compiling end with the process.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
         let jit = self.engine.jit();
         if jit.cache().is_none() {
@@ -268,24 +284,36 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let progress = Progress::auto(jobs.len(), "kernels");
-        let results = compile_all(jit, &jobs, threads, &progress)?;
-        // A kernel that failed here is compiled again by its case's run, which then reports it
-        // as that case's failure; the first error is shown now too, since it may be this step's
-        // own (its parallel compiles are the only ones verify makes).
-        let failed: Vec<String> = results
-            .iter()
-            .zip(&jobs)
-            .filter_map(|(r, job)| r.as_ref().err().map(|e| format!("{}: {e}", job.name)))
-            .collect();
-        if let Some(first) = failed.first() {
-            eprintln!(
-                "prepare: {} of {} kernels failed to compile in parallel; first: {first}",
-                failed.len(),
-                jobs.len()
-            );
+        if jobs.is_empty() {
+            return Ok(());
         }
+        // One core stays free for the case runs, which compile what no worker has reached.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_sub(1)
+            .max(1);
+        let total = jobs.len();
+        let compile = compile_in_background(jit.clone(), jobs, threads, |job, result| {
+            if let Err(e) = result {
+                // Written, not `eprintln!`ed: a closed stderr must not panic a worker.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "verify: kernel {} ({}) failed to compile: {}",
+                    job.name,
+                    job.options.arch,
+                    first_line(e)
+                );
+            }
+        })?;
+        println!(
+            "verify: compiling {total} kernels on {} threads in the background; each case waits for its own",
+            compile.workers()
+        );
+        // A compile started by an earlier call is dropped here, which stops its workers.
+        *self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(compile);
         Ok(())
     }
 
@@ -396,6 +424,22 @@ impl Backend for CudaBackend {
             },
         };
         vec![result]
+    }
+}
+
+/// One line saying why a kernel failed to compile: NVRTC's first error line for a compile error
+/// (its message's first line only names the kernel), else the message's first line.
+fn first_line(e: &JitError) -> String {
+    let line = match e {
+        JitError::Compile { log, .. } => log
+            .lines()
+            .find(|l| l.contains("error"))
+            .or_else(|| log.lines().find(|l| !l.trim().is_empty())),
+        _ => None,
+    };
+    match line {
+        Some(line) => line.trim().to_string(),
+        None => e.to_string().lines().next().unwrap_or_default().to_string(),
     }
 }
 

@@ -262,7 +262,9 @@ impl DiskCache {
     }
 }
 
-/// Blocks until this process holds an exclusive `flock` on `file`.
+/// Blocks until `file` holds an exclusive `flock`. The lock belongs to the open file, not the
+/// process, and [`DiskCache::lock`] opens the lock file afresh for every request, so threads of
+/// one process exclude each other as processes do (a background compile relies on it).
 ///
 /// (`File::lock` does the same but needs Rust 1.89; the crate's MSRV is 1.85.)
 #[cfg(unix)]
@@ -281,8 +283,9 @@ fn lock_exclusive(file: &File) -> std::io::Result<()> {
     }
 }
 
-/// Without `flock`, builders of one key are not serialised; the atomic rename still guarantees
-/// that readers only ever see whole entries (two builders just duplicate work).
+/// Without `flock`, builders of one key are not serialised, neither processes nor threads of one
+/// process; the atomic rename still guarantees that readers only ever see whole entries (two
+/// builders just duplicate work).
 #[cfg(not(unix))]
 fn lock_exclusive(_file: &File) -> std::io::Result<()> {
     Ok(())

@@ -101,6 +101,12 @@ pub enum JitError {
         /// The kernel whose result is missing.
         kernel: String,
     },
+    /// A compile worker thread could not be started.
+    #[error("cannot start a compile worker thread: {source}")]
+    WorkerSpawn {
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// No cache directory could be determined.
     #[error("no cache directory: set ATTNFORGE_CACHE_DIR (the platform has no cache directory)")]
     NoCacheDir,

@@ -9,7 +9,7 @@
 //! | [`report`] | ptxas' `-v` resource report (registers, spills, shared memory) |
 //! | [`cache`] | the on-disk cache: key, entry format, atomic writes, corruption checks |
 //! | [`cached`] | [`Jit`]: the cache in front of NVRTC (load, lock, load again, build, store) |
-//! | [`batch`] | many compiles on N threads with progress (bar on a terminal, lines otherwise) |
+//! | [`batch`] | many compiles on N threads: waited for with progress, or in the background |
 //!
 //! The code generator (`codegen`) hands this layer a complete source; nothing here knows what
 //! the kernel computes. Launching the CUBIN is the CUDA runtime layer's job (on `cudarc`'s
