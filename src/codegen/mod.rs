@@ -72,8 +72,8 @@ fn fp8_in_matrix(format: Fp8Format, variant: &VariantSpec) -> bool {
 /// (sm_90a) where it can compute the kernel. [`TileConfig::runs_on`] says
 /// which targets each compiles for: a twin for sm_90a only, and the tile it replaces for the
 /// others. Then the fp8 caches: the paged kernels with f32 QK accumulation once more per fp8
-/// format, as [`fp8_in_matrix`] selects (the others read fp8 caches too, compiled on first
-/// use).
+/// format, those of every built-in variant for e4m3 and of no variant for e5m2 (the others read
+/// fp8 caches too, compiled on first use).
 pub fn compile_matrix() -> Vec<KernelSpec> {
     let variants = [
         VariantSpec::None,

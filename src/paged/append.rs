@@ -13,7 +13,7 @@
 use super::fp8::{quantize_value, KvScales};
 use super::layout::{PagedKv, PagedKvLayout, PagedKvMut};
 use super::table::PageTable;
-use crate::dtype::fp8::Fp8Tensor;
+use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
 use crate::dtype::DType;
 use crate::problem::{InvalidProblem, TensorView, Validation};
 use crate::tensor::HostTensor;
@@ -89,51 +89,78 @@ pub fn append_paged_kv_fp8(
         layout.head_dims.vo(),
     );
     let total_new = *append_indptr.last().unwrap_or(&0) as usize;
-    // The new rows quantised in their own order (in parallel: a benchmark's cache is gigabytes),
-    // after the check that every value is finite, then scattered into the pages.
-    let mut codes = Vec::with_capacity(2);
-    for (name, t, dim, is_k) in [("k_new", k_new, dqk, true), ("v_new", v_new, dvo, false)] {
-        let values = t.to_f32_vec();
-        let values = &values[..total_new * h * dim];
-        if let Some(i) = values.par_iter().position_first(|x| !x.is_finite()) {
-            return Err(InvalidProblem::new(
-                name,
-                format!(
-                    "token {} head {} element {} is {}; an fp8 cache takes finite values only",
-                    i / (h * dim),
-                    i / dim % h,
-                    i % dim,
-                    values[i]
-                ),
-            ));
-        }
-        let quantized: Vec<u8> = values
-            .par_chunks(dim)
-            .enumerate()
-            .flat_map_iter(|(row, xs)| {
-                let scale = scales.scale(is_k, row % h);
-                xs.iter().map(move |&x| quantize_value(format, x, scale))
-            })
-            .collect();
-        codes.push(quantized);
-    }
+    // The new rows quantised in their own order (K checked before V, nothing written before both
+    // pass), then scattered into the pages.
+    let rows = |name, values, dim, is_k| NewRows {
+        name,
+        values,
+        tokens: total_new,
+        heads: h,
+        dim,
+        is_k,
+    };
+    let k_codes = quantize_new_rows(rows("k_new", k_new, dqk, true), format, scales)?;
+    let v_codes = quantize_new_rows(rows("v_new", v_new, dvo, false), format, scales)?;
     let writes = Writes {
         layout,
         table,
         append_indptr,
     };
-    let (k_codes, v_codes) = (&codes[0], &codes[1]);
     match &mut cache {
         PagedKvMut::Separate { k, v } => {
-            writes.copy_with(k_codes, &mut k.codes, true, |c, _| c);
-            writes.copy_with(v_codes, &mut v.codes, false, |c, _| c);
+            writes.copy_with(&k_codes, &mut k.codes, true, |c, _| c);
+            writes.copy_with(&v_codes, &mut v.codes, false, |c, _| c);
         }
         PagedKvMut::Combined(kv) => {
-            writes.copy_with(k_codes, &mut kv.codes, true, |c, _| c);
-            writes.copy_with(v_codes, &mut kv.codes, false, |c, _| c);
+            writes.copy_with(&k_codes, &mut kv.codes, true, |c, _| c);
+            writes.copy_with(&v_codes, &mut kv.codes, false, |c, _| c);
         }
     }
     Ok(())
+}
+
+/// The new rows of one tensor for [`quantize_new_rows`]: its first `tokens` tokens of `heads`
+/// rows of `dim` elements, named `name` in errors, K's or V's (which scale applies).
+struct NewRows<'a> {
+    name: &'static str,
+    values: &'a HostTensor,
+    tokens: usize,
+    heads: usize,
+    dim: usize,
+    is_k: bool,
+}
+
+/// The codes of `new`'s rows in `format`, each quantised with its KV head's scale; an error
+/// naming the tensor, token, head and element of the first non-finite value. In parallel: a
+/// benchmark's cache is gigabytes.
+fn quantize_new_rows(
+    new: NewRows<'_>,
+    format: Fp8Format,
+    scales: &KvScales,
+) -> Result<Vec<u8>, InvalidProblem> {
+    let (heads, dim) = (new.heads, new.dim);
+    let values = new.values.to_f32_vec();
+    let values = &values[..new.tokens * heads * dim];
+    if let Some(i) = values.par_iter().position_first(|x| !x.is_finite()) {
+        return Err(InvalidProblem::new(
+            new.name,
+            format!(
+                "token {} head {} element {} is {}; an fp8 cache takes finite values only",
+                i / (heads * dim),
+                i / dim % heads,
+                i % dim,
+                values[i]
+            ),
+        ));
+    }
+    Ok(values
+        .par_chunks(dim)
+        .enumerate()
+        .flat_map_iter(|(row, xs)| {
+            let scale = scales.scale(new.is_k, row % heads);
+            xs.iter().map(move |&x| quantize_value(format, x, scale))
+        })
+        .collect())
 }
 
 /// Everything [`append_paged_kv`] checks before its first write except the cache buffers, with

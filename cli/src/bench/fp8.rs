@@ -15,6 +15,7 @@ use attnforge::shapes::ResolvedShape;
 use attnforge::tensor::HostTensor;
 use attnforge::testing::random_inputs;
 use attnforge::Error;
+use rayon::prelude::*;
 
 /// One input set: the queries and the fp8 cache on the device.
 struct Fp8Set {
@@ -24,9 +25,13 @@ struct Fp8Set {
 }
 
 /// The largest magnitude of `t` over the largest finite value of `format` (at least a tiny
-/// positive scale).
+/// positive scale); in parallel (a benchmark's K or V is hundreds of megabytes).
 fn scale_for(t: &HostTensor, format: Fp8Format) -> f32 {
-    let max = t.to_f32_vec().iter().fold(0f32, |m, x| m.max(x.abs()));
+    let max = t
+        .to_f32_vec()
+        .par_iter()
+        .map(|x| x.abs())
+        .reduce(|| 0f32, f32::max);
     (max / format.max_finite()).max(f32::MIN_POSITIVE)
 }
 
