@@ -3,14 +3,91 @@
 //!
 //! Prints one line per failing case (and per case with `-v`) and ends with the line
 //! `N passed, M failed`; the exit status is non-zero when M > 0, and when `--filter` or `--tile`
-//! leaves no case to run (nothing verified is not a pass).
+//! leaves no case to run (nothing verified is not a pass). Progress through the case list goes
+//! to stderr ([`CaseProgress`]).
 
 use crate::backend::{parse_arch, parse_tile, BackendKind};
 use attnforge::codegen::{KernelSpec, KvCache, TileConfig};
 use attnforge::jit::Arch;
 use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
 use attnforge::verify::{run_cases, run_merge_case, smallest_case, CaseResult, SELF_CHECK};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// How often a log (stderr not a terminal) gets a progress line: often enough to show a long GPU
+/// run moving (the full suite's kernels compile while its cases run), rarely enough not to
+/// drown the result lines.
+const PROGRESS_LINE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Progress through the attention cases on stderr, beside the result lines on stdout: a bar on a
+/// terminal (result lines printed above it), otherwise a line at most every
+/// [`PROGRESS_LINE_INTERVAL`].
+struct CaseProgress {
+    bar: Option<ProgressBar>,
+    total: usize,
+    done: usize,
+    failed: usize,
+    start: Instant,
+    last_line: Instant,
+}
+
+impl CaseProgress {
+    fn new(total: usize) -> CaseProgress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total as u64);
+            if let Ok(style) =
+                ProgressStyle::with_template("cases [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
+            {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        let now = Instant::now();
+        CaseProgress {
+            bar,
+            total,
+            done: 0,
+            failed: 0,
+            start: now,
+            last_line: now,
+        }
+    }
+
+    /// Records one finished case; `print` writes its result lines (above the bar).
+    fn record(&mut self, passed: bool, print: impl FnOnce()) {
+        self.done += 1;
+        self.failed += usize::from(!passed);
+        match &self.bar {
+            Some(bar) => {
+                bar.suspend(print);
+                bar.set_message(format!("{} failed", self.failed));
+                bar.inc(1);
+            }
+            None => {
+                print();
+                if self.last_line.elapsed() >= PROGRESS_LINE_INTERVAL && self.done < self.total {
+                    self.last_line = Instant::now();
+                    eprintln!(
+                        "verify: {} of {} cases done, {} failed, {:.0} s",
+                        self.done,
+                        self.total,
+                        self.failed,
+                        self.start.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Clears the bar (lines need no closing).
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
 
 /// The case list, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -133,9 +210,11 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         eprintln!("error: preparing the cases: {e}");
         return ExitCode::FAILURE;
     }
+    let mut progress = CaseProgress::new(selected.len());
     let mut summary = run_cases(backend.as_ref(), &selected, |r| {
-        report(r, args.seed, args.verbose)
+        progress.record(r.passed, || report(r, args.seed, args.verbose))
     });
+    progress.finish();
     if summary.stopped.is_some() {
         summary.not_run += merges.len();
     } else {
