@@ -358,6 +358,51 @@ fn dropped_background_compile_takes_no_further_job() {
 }
 
 #[test]
+fn a_stopped_background_compile_waits_for_the_compile_in_progress_only() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let jobs: Vec<BatchJob> = [Arch::Sm80, Arch::Sm86, Arch::Sm89]
+        .into_iter()
+        .map(|arch| batch_job("add", ADD_KERNEL, arch))
+        .collect();
+    // The one worker reports its first job, then waits for the test's go.
+    let (finished_tx, finished_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    let compile = compile_in_background(jit.clone(), jobs, 1, move |job, result| {
+        let _ = finished_tx.send((job.options.arch, result.is_ok()));
+        let _ = go_rx.lock().unwrap().recv();
+    })
+    .unwrap();
+    assert_eq!(
+        finished_rx.recv_timeout(PATIENCE).unwrap(),
+        (Arch::Sm80, true)
+    );
+    let (stopped_tx, stopped_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        compile.stop_and_wait();
+        let _ = stopped_tx.send(());
+    });
+    // Still inside its first job: stopping waits for it.
+    assert_eq!(
+        stopped_rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    );
+    go_tx.send(()).unwrap();
+    stopped_rx
+        .recv_timeout(PATIENCE)
+        .expect("stopping returns once the job in progress ends");
+    // No further job was taken, and the worker (with its callback's sender) is gone.
+    assert_eq!(
+        finished_rx.recv_timeout(PATIENCE),
+        Err(RecvTimeoutError::Disconnected)
+    );
+    assert_eq!(jit.cache().unwrap().entry_count().unwrap(), 1);
+}
+
+#[test]
 fn background_compile_needs_a_thread() {
     let t = tempfile::tempdir().unwrap();
     let Some(jit) = jit(Some(t.path())) else {

@@ -32,9 +32,9 @@ pub struct CudaBackend {
     tiles_of: Option<Arch>,
     /// The tile every plan takes, whatever the case asks (`None`: the case's request).
     tile: Option<TileConfig>,
-    /// The compile [`Backend::prepare`] started, kept so that dropping the backend stops its
-    /// workers from taking further kernels; never joined (see `prepare`).
-    background: Mutex<Option<BackgroundCompile>>,
+    /// The compile [`Backend::prepare`] started, kept so that dropping the backend stops it
+    /// (see `prepare`).
+    background: Mutex<StoppingCompile>,
 }
 
 impl CudaBackend {
@@ -44,7 +44,7 @@ impl CudaBackend {
             engine: Engine::new(ordinal)?,
             tiles_of: None,
             tile: None,
-            background: Mutex::new(None),
+            background: Mutex::new(StoppingCompile(None)),
         })
     }
 
@@ -228,9 +228,10 @@ impl Backend for CudaBackend {
     /// fails in the background is named on stderr at once (one line) and fails again in its
     /// case's run, which reports it.
     ///
-    /// The compile is never waited for: when the backend is dropped (the suite ended, or
-    /// stopped because the context was lost) its workers take no further kernel, and those
-    /// still compiling end with the process.
+    /// The cases never wait for the compile as a whole. When the backend is dropped (the suite
+    /// ended, or stopped because the context was lost), its workers take no further kernel and
+    /// the compiles they are in are waited for (at most one per worker, seconds), so that the
+    /// process does not exit while NVRTC is compiling on another thread.
     fn prepare(&self, cases: &[Case]) -> Result<(), Error> {
         let jit = self.engine.jit();
         if jit.cache().is_none() {
@@ -309,11 +310,11 @@ impl Backend for CudaBackend {
             "verify: compiling {total} kernels on {} threads in the background; each case waits for its own",
             compile.workers()
         );
-        // A compile started by an earlier call is dropped here, which stops its workers.
+        // A compile started by an earlier call is dropped here: stopped, and waited for.
         *self
             .background
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(compile);
+            .unwrap_or_else(PoisonError::into_inner) = StoppingCompile(Some(compile));
         Ok(())
     }
 
@@ -424,6 +425,18 @@ impl Backend for CudaBackend {
             },
         };
         vec![result]
+    }
+}
+
+/// The background compile of [`CudaBackend::prepare`]: dropped (with the backend, or when a
+/// later `prepare` replaces it), it stops and waits for the kernels being compiled.
+struct StoppingCompile(Option<BackgroundCompile>);
+
+impl Drop for StoppingCompile {
+    fn drop(&mut self) {
+        if let Some(compile) = self.0.take() {
+            compile.stop_and_wait();
+        }
     }
 }
 

@@ -251,8 +251,9 @@ struct Shared {
 
 /// Compiles running on worker threads of their own, started by [`compile_in_background`].
 ///
-/// [`BackgroundCompile::join`] waits for them and returns the results. Dropping the handle
-/// instead waits for nothing: the workers take no further job, those compiling finish their
+/// [`BackgroundCompile::join`] waits for them and returns the results;
+/// [`BackgroundCompile::stop_and_wait`] lets them take no further job and waits for the ones in
+/// progress. Dropping the handle instead waits for nothing: the workers take no further job, those compiling finish their
 /// current one (storing it in the disk cache) and end, and a process that exits meanwhile ends
 /// them (an entry is written by an atomic rename and a build lock is released with its file, so
 /// nothing half-done is left behind).
@@ -295,6 +296,19 @@ impl BackgroundCompile {
             .map(|h| h.join())
             .collect();
         in_job_order(&self.shared.jobs, joined)
+    }
+}
+
+impl BackgroundCompile {
+    /// Tells the workers to take no further job and waits for the compiles they are in (at
+    /// most one each), discarding the results: afterwards no thread of this compile is inside
+    /// NVRTC, so a process may exit without its exit-time cleanup running beside a compile.
+    pub fn stop_and_wait(mut self) {
+        self.shared.cursor.stop.store(true, Ordering::Relaxed);
+        for worker in std::mem::take(&mut self.workers) {
+            // A worker that panicked has nothing left to wait for.
+            let _ = worker.join();
+        }
     }
 }
 
