@@ -11,7 +11,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use attnforge::jit::batch::{compile_all, compile_in_background, BatchJob, Progress};
+use attnforge::jit::batch::{
+    compile_all, compile_in_background, BackgroundCompile, BatchJob, Progress,
+};
 use attnforge::jit::cache::Lookup;
 use attnforge::jit::{Arch, CacheStatus, CompileOptions, Jit, KernelSource};
 use jit_support::{jit, ADD_KERNEL, SPILL_KERNEL};
@@ -314,17 +316,20 @@ fn background_compile_beside_requests_of_the_same_kernels() {
     assert_eq!(jit.cache().unwrap().entry_count().unwrap(), jobs.len());
 }
 
-#[test]
-fn dropped_background_compile_takes_no_further_job() {
-    let t = tempfile::tempdir().unwrap();
-    let Some(jit) = jit(Some(t.path())) else {
-        return;
-    };
+/// A background compile of three jobs on one worker, blocked in its first job's callback until
+/// the returned sender sends; the receiver gets each finished job's (arch, ok), the first already
+/// received (`(Sm80, true)`).
+fn blocked_in_first_job(
+    jit: &Jit,
+) -> (
+    BackgroundCompile,
+    mpsc::Receiver<(Arch, bool)>,
+    mpsc::Sender<()>,
+) {
     let jobs: Vec<BatchJob> = [Arch::Sm80, Arch::Sm86, Arch::Sm89]
         .into_iter()
         .map(|arch| batch_job("add", ADD_KERNEL, arch))
         .collect();
-    // The one worker reports its first job, then waits until the handle has been dropped.
     let (finished_tx, finished_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let go_rx = Mutex::new(go_rx);
@@ -337,6 +342,16 @@ fn dropped_background_compile_takes_no_further_job() {
         finished_rx.recv_timeout(PATIENCE).unwrap(),
         (Arch::Sm80, true)
     );
+    (compile, finished_rx, go_tx)
+}
+
+#[test]
+fn dropped_background_compile_takes_no_further_job() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(jit) = jit(Some(t.path())) else {
+        return;
+    };
+    let (compile, finished_rx, go_tx) = blocked_in_first_job(&jit);
     // Dropped on another thread, so that a drop that waited for the (blocked) worker fails the
     // test rather than hanging it.
     let (dropped_tx, dropped_rx) = mpsc::channel();
@@ -363,23 +378,7 @@ fn a_stopped_background_compile_waits_for_the_compile_in_progress_only() {
     let Some(jit) = jit(Some(t.path())) else {
         return;
     };
-    let jobs: Vec<BatchJob> = [Arch::Sm80, Arch::Sm86, Arch::Sm89]
-        .into_iter()
-        .map(|arch| batch_job("add", ADD_KERNEL, arch))
-        .collect();
-    // The one worker reports its first job, then waits for the test's go.
-    let (finished_tx, finished_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = Mutex::new(go_rx);
-    let compile = compile_in_background(jit.clone(), jobs, 1, move |job, result| {
-        let _ = finished_tx.send((job.options.arch, result.is_ok()));
-        let _ = go_rx.lock().unwrap().recv();
-    })
-    .unwrap();
-    assert_eq!(
-        finished_rx.recv_timeout(PATIENCE).unwrap(),
-        (Arch::Sm80, true)
-    );
+    let (compile, finished_rx, go_tx) = blocked_in_first_job(&jit);
     let (stopped_tx, stopped_rx) = mpsc::channel();
     std::thread::spawn(move || {
         compile.stop_and_wait();
