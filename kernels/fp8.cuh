@@ -5,12 +5,14 @@
 //   exact, then f16 -> f32; sm_80: the bit fields assembled by hand, e5m2 being the top byte of
 //   an f16);
 // - dequantised = T(decode(code) * scale): mul.rn.f32 (never flushed to zero), then cvt.rn to T,
-//   exactly what the host reference computes;
+//   exactly what the host reference computes (the f16-QK kernels' tiles);
+// - decoded = T(decode(code)), exact (the f32-QK kernels' tiles, which apply the scale to the f32
+//   logits and output instead);
 // - encode(x / scale): div.rn.f32, then the nearest code, ties to even, magnitudes beyond the
 //   largest finite saturated, NaN to 0x7F, written out in integer steps as the host does (not the
 //   sm_89 cvt: one code path on every architecture).
 // Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
-// dequantize_fp8x8, f32_to_fp8, mul_rn, div_rn.
+// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, div_rn.
 
 constexpr int KV_FP8_NONE = 0;
 constexpr int KV_FP8_E4M3 = 1;
@@ -85,6 +87,40 @@ __device__ __forceinline__ uint4 dequantize_fp8x8(uint2 c, float scale) {
     float lo, hi;
     fp8x2_to_float2<FMT>(word >> (16 * (i % 2)), lo, hi);
     out[i] = DTypeTraits<T>::pack2(mul_rn(lo, scale), mul_rn(hi, scale));
+  }
+  uint4 r;
+  r.x = out[0];
+  r.y = out[1];
+  r.z = out[2];
+  r.w = out[3];
+  return r;
+}
+
+// Eight codes (`c.x` holds codes 0..3, low byte first) as their exact values in T, packed as a
+// 16-byte tile chunk: every e4m3 and e5m2 value is exact in f16 and in bf16, so this is the
+// dequantisation with the scale left out (the kernels that apply it to the f32 logits and output,
+// FP8_SCALES_AFTER_PRODUCTS). f16 on sm_89 and later: the conversion instruction alone, one per
+// two codes.
+template <typename T, int FMT>
+__device__ __forceinline__ uint4 decode_fp8x8(uint2 c) {
+  u32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const u32_t word = (i < 2 ? c.x : c.y) >> (16 * (i % 2));
+#if __CUDA_ARCH__ >= 890
+    if constexpr (!DTypeTraits<T>::IS_BF16) {
+      const u16_t codes = static_cast<u16_t>(word & 0xffffu);
+      if constexpr (FMT == KV_FP8_E5M2) {
+        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(out[i]) : "h"(codes));
+      } else {
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out[i]) : "h"(codes));
+      }
+      continue;
+    }
+#endif
+    float lo, hi;
+    fp8x2_to_float2<FMT>(word, lo, hi);
+    out[i] = DTypeTraits<T>::pack2(lo, hi);
   }
   uint4 r;
   r.x = out[0];

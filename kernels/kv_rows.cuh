@@ -11,9 +11,10 @@
 // page id, slot and validity serve both, and each thread's pointer arithmetic is set up once per
 // CTA (PagedKvThread).
 // fp8 pages (FP8 = KV_FP8_E4M3 or KV_FP8_E5M2, paged only) hold one-byte codes: a tile's codes
-// are copied by cp.async like any rows (copy_fp8_codes_async), then dequantised in place into the
+// are copied by cp.async like any rows (copy_fp8_codes_async), then expanded in place into the
 // tile's T by the threads that copied them (expand_fp8_codes, fp8.cuh), so the products
-// downstream read the same f16/bf16 tile as ever.
+// downstream read an f16/bf16 tile as ever: dequantised, or decoded exactly with the scale left
+// for the caller to apply to the products.
 // Requires: common.cuh, mma.cuh (cp_async_16, cp_async_4, st_shared_16, ld_shared_s32), smem_tile.cuh,
 // fp8.cuh.
 
@@ -122,19 +123,23 @@ __device__ __forceinline__ void copy_fp8_kv_codes_async(const SmemTile<K_CHUNKS,
   }
 }
 
-// fp8: the codes this thread copied into `tile` (copy_fp8_codes_async, landed) dequantised with
-// `scale` in place (an unrolled loop when UNROLLED): each run's 16 codes become its two tile chunks, the second half's codes read
-// before the first chunk overwrites them, each half converted and stored on its own (fewer live
-// registers beside the accumulators).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, bool UNROLLED, int ATOM_ROWS>
+// fp8: the codes this thread copied into `tile` (copy_fp8_codes_async, landed) expanded in place
+// (an unrolled loop when UNROLLED): dequantised with `scale`, or with SCALE_LATER decoded exactly
+// and `scale` unread (the caller applies it to the products). Each run's 16 codes become its two
+// tile chunks, the second half's codes read before the first chunk overwrites them, each half
+// converted and stored on its own (fewer live registers beside the accumulators).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, bool UNROLLED, bool SCALE_LATER, int ATOM_ROWS>
 __device__ __forceinline__ void expand_fp8_codes(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, float scale) {
+  auto expand = [&](uint2 codes) {
+    return SCALE_LATER ? decode_fp8x8<T, FP8>(codes) : dequantize_fp8x8<T, FP8>(codes, scale);
+  };
   for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, UNROLLED>([&](int row, int run) {
     const u32_t lo_at = tile.chunk_addr(row, 2 * run);
     uint2 lo, hi;
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(lo.x), "=r"(lo.y) : "r"(lo_at));
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(hi.x), "=r"(hi.y) : "r"(lo_at + 8));
-    st_shared_16(lo_at, dequantize_fp8x8<T, FP8>(lo, scale));
-    st_shared_16(tile.chunk_addr(row, 2 * run + 1), dequantize_fp8x8<T, FP8>(hi, scale));
+    st_shared_16(lo_at, expand(lo));
+    st_shared_16(tile.chunk_addr(row, 2 * run + 1), expand(hi));
   });
 }
 

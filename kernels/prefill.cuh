@@ -176,8 +176,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
   // The rows' coordinates as the sub-tile loop's logits take them (RowCoords, or FreshRows with
   // policy::LOOP_ROWS_FRESH).
   const FreshRows fresh_rows{tile, warp_rows};
-  const StepContext<LoopRows> step{p,         tile,          loop_rows(rows, fresh_rows), loop, frag, lane,
-                                   warpgroup, softmax_scale, q_tile.base,                 q_group_base};
+  const StepContext<LoopRows> step{p,         tile,          loop_rows(rows, fresh_rows), loop,        frag, lane,
+                                   warpgroup, softmax_scale, q_tile.base,                 q_group_base, k_rows.scale};
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (SINGLE_BUFFER) {
       // K_t has landed (tile 0: with Q). In flight: tile 0's V rows (the prologue's second group),

@@ -1,7 +1,8 @@
 // prefill_epilogue.cuh — the epilogue of a prefill CTA (write_result): the softmax's
 // normalisation, then the output rows and their LSE, or, when the plan splits the KV range, this
 // chunk's partial result for the merge kernel (merge_state.cuh).
-// Requires: online_softmax.cuh, variant.cuh, prefill_tile.cuh.
+// Requires: online_softmax.cuh, variant.cuh, kv_rows.cuh (kv_scale), prefill_tile.cuh, prefill_products.cuh
+// (scale_products).
 
 namespace prefill {
 
@@ -100,6 +101,11 @@ __device__ __forceinline__ void write_result(const CtaResult& c, Softmax& softma
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       sink_log2[mq][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(c.p.variant, c.rows.head[mq][h]) : 0.0f;
+  if constexpr (FP8_SCALES_AFTER_PRODUCTS) {
+    // The V scale of an fp8 cache whose tiles held the codes' exact values: O is linear in V, and
+    // the normalisation (and a split's merge) after it.
+    scale_products(o, kv_scale<spec::KV_FP8>(c.p.v_scale, c.p.kv_scale_head_stride, c.tile.kv_head));
+  }
   if (c.split) {
     // A chunk's partial result leaves the sink out: the merge adds it once.
     softmax.finish<false>(o, sink_log2, lse);

@@ -236,8 +236,9 @@ struct KvLoads {
       if (t < num_tiles) {
         cp_async_wait<0>();
         constexpr bool UNROLLED = policy::FP8_EXPAND_UNROLLED;
-        expand_fp8_codes<KV_TILE, QK_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED>(k_tile(t), k_rows.scale);
-        expand_fp8_codes<KV_TILE, VO_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED>(v_tile(t), v_rows.scale);
+        constexpr bool LATER = FP8_SCALES_AFTER_PRODUCTS;
+        expand_fp8_codes<KV_TILE, QK_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED, LATER>(k_tile(t), k_rows.scale);
+        expand_fp8_codes<KV_TILE, VO_CHUNKS, NUM_THREADS, DTypeIn, spec::KV_FP8, UNROLLED, LATER>(v_tile(t), v_rows.scale);
       }
     }
   }

@@ -43,6 +43,18 @@ __device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (
   qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
 }
 
+// acc *= scale for every accumulator of a product (an fp8 cache's K or V scale, applied to the
+// products of tiles that hold the codes' exact values: FP8_SCALES_AFTER_PRODUCTS).
+template <int NT>
+__device__ __forceinline__ void scale_products(float (&acc)[MMA_Q][NT][4], float scale) {
+#pragma unroll
+  for (int mq = 0; mq < MMA_Q; ++mq)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mq][nt][e] *= scale;
+}
+
 // Bytes between the 8-row groups of a 128-byte swizzled tile (wgmma's stride byte offset).
 constexpr u32_t SW128_GROUP_BYTES = 8 * 128;
 

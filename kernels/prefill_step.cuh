@@ -188,6 +188,7 @@ struct StepContext {
   const float& softmax_scale;  // folded into the softmax's exponent
   const u32_t& q_tile_base;
   const u32_t& q_group_base;  // with wgmma: the first Q row of this warp's warpgroup
+  const float& k_scale;       // with FP8_SCALES_AFTER_PRODUCTS: the KV head's K scale, for S
 
   // The Q rows the products read from: with policy::Q_DESC_IN_LOOP derived again in each sub-tile
   // from a fresh read of the thread index, not held through the loop.
@@ -265,6 +266,7 @@ __device__ __forceinline__ void step_subtile(const StepContext<Rows>& c, int k0,
       } else {
         qk_f32(c.frag, k_piece, s);
       }
+      if constexpr (FP8_SCALES_AFTER_PRODUCTS) scale_products(s, c.k_scale);
       float_logits_step(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(), k0 + piece * policy::F32_PIECE, c.lane,
                         c.frag, v_piece, c.softmax_scale, softmax, s, o, await_v_free_k);
     }

@@ -24,6 +24,13 @@ namespace prefill {
 using DTypeIn = spec::DTypeIn;
 using DTypeOut = spec::DTypeOut;
 constexpr int NUM_WARPS = spec::NUM_WARPS;
+// fp8 K/V with f32 QK: the tiles hold the codes' exact values (decode_fp8x8), and the scales are
+// applied to the f32 products instead, k_scale to S = Q K^T before the logits and v_scale to O
+// before the normalisation: per element one conversion instruction rather than a conversion, an
+// f32 multiply and a rounding (fp8.cuh). With f16 QK the tiles stay dequantised: the f16
+// accumulator of the unscaled codes (up to 448 or 57344) could overflow where the problem's does
+// not.
+constexpr bool FP8_SCALES_AFTER_PRODUCTS = spec::KV_FP8 != KV_FP8_NONE && !spec::QK_F16_ACCUM;
 constexpr int NUM_THREADS = NUM_WARPS * 32;
 constexpr int MMA_Q = spec::MMA_Q;
 constexpr bool WARPS_SPLIT_KEYS = spec::WARPS_SPLIT_KEYS;  // the KEYS warp layout
