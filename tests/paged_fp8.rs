@@ -1,19 +1,22 @@
 //! The fp8 paged KV cache (host side): a cache filled by the quantising append and read by the
-//! reference and the CPU backend equals attention over the dequantised tensors computed element
-//! by element from `docs/semantics.md`, for both formats, per-tensor and per-head scales, every
-//! page geometry; scales and non-finite inputs are checked with errors naming their field, and
+//! reference and the CPU backend equals attention over the K/V computed element by element from
+//! `docs/semantics.md` (exact `decode(code) * scale` with f32 QK accumulation, those values
+//! rounded to the problem's dtype with f16 QK), for both formats, per-tensor and per-head scales,
+//! every page geometry; scales and non-finite inputs are checked with errors naming their field, and
 //! a failed append leaves the cache unchanged.
 
+use attnforge::compare::{compare, Tolerance};
 use attnforge::dtype::fp8::{Fp8Format, Fp8Tensor};
 use attnforge::dtype::DType;
 use attnforge::paged::{
-    append_paged_kv_fp8, dequantize, gather_dequantized, Fp8Kv, KvOrder, KvScales, KvStorage,
-    PageTable, PagedKv, PagedKvLayout,
+    append_paged_kv_fp8, dequantize, gather_dequantized, gather_exact, Fp8Kv, KvOrder, KvScales,
+    KvStorage, PageTable, PagedAttention, PagedKv, PagedKvLayout,
 };
-use attnforge::problem::HeadDims;
+use attnforge::problem::{HeadDims, QkAccum};
 use attnforge::tensor::HostTensor;
 use attnforge::testing::grid::VariantSpec;
 use attnforge::testing::rng::SplitMix64;
+use attnforge::{cpu, reference};
 use proptest::prelude::*;
 use support::paged::{cache_mut, cache_ref, check_cache, page_spec, storage_buffers, PageSpec};
 use support::Axes;
@@ -75,6 +78,59 @@ fn scales(s: &Spec, heads: usize, rng: &mut SplitMix64) -> KvScales {
     }
 }
 
+/// The exact values of the contiguous tensor `[tokens, heads, dim]` once quantised, element by
+/// element: `decode(encode(x / s)) * s` in f64.
+fn exact_values(
+    t: &HostTensor,
+    heads: usize,
+    dim: usize,
+    format: Fp8Format,
+    scale: impl Fn(usize) -> f32,
+) -> Vec<f64> {
+    t.to_f32_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let s = scale(i / dim % heads);
+            f64::from(format.decode(format.encode(x / s))) * f64::from(s)
+        })
+        .collect()
+}
+
+/// With f32 QK: the exact values gathered from the cache equal the element-wise ones, the paged
+/// reference equals the reference over them, and the CPU backend is within the tolerance.
+fn check_exact(
+    case: &support::paged::PagedCase,
+    cache: Fp8Kv<'_>,
+    (k, v): (Vec<f64>, Vec<f64>),
+) -> Result<(), String> {
+    let gathered =
+        gather_exact(&case.layout, &case.table, cache).map_err(|e| format!("gather: {e}"))?;
+    if gathered != (k.clone(), v.clone()) {
+        return Err("gathered exact K/V differ from the element-wise ones".into());
+    }
+    let contiguous = &case.contiguous;
+    let paged = PagedAttention::new(contiguous.clone(), case.layout, case.table.clone())
+        .map_err(|e| format!("PagedAttention::new: {e}"))?;
+    let want = reference::attention_exact_kv(contiguous, &case.q, k, v)
+        .map_err(|e| format!("ref: {e}"))?;
+    let got_ref = reference::paged_attention(&paged, &case.q, cache)
+        .map_err(|e| format!("paged ref: {e}"))?;
+    if got_ref != want {
+        return Err(
+            "paged reference differs from the contiguous reference on the same values".into(),
+        );
+    }
+    let got_cpu =
+        cpu::paged_attention(&paged, &case.q, cache).map_err(|e| format!("paged cpu: {e}"))?;
+    let cmp = compare(&got_cpu, &want);
+    let tol = Tolerance::for_problem(contiguous);
+    if !cmp.passes(&tol) {
+        return Err(format!("paged CPU vs reference: {cmp} (tolerance {tol:?})"));
+    }
+    Ok(())
+}
+
 /// The dequantised contiguous tensor `[tokens, heads, dim]` from the semantics, element by
 /// element: `T(decode(encode(x / s)) * s)`.
 fn dequantised(
@@ -119,6 +175,15 @@ fn check(s: &Spec) -> Result<(), String> {
     )
     .map_err(|e| format!("append: {e}"))?;
     let (h, dqk, dvo) = (pt.kv_heads, pt.head_dims.qk(), pt.head_dims.vo());
+    if case.contiguous.qk_accum == QkAccum::F32 {
+        let ke = exact_values(&case.k, h, dqk, s.format, |h| scales.scale(true, h));
+        let ve = exact_values(&case.v, h, dvo, s.format, |h| scales.scale(false, h));
+        let cache = Fp8Kv {
+            pages: cache_ref(&bufs),
+            scales: &scales,
+        };
+        return check_exact(&case, cache, (ke, ve));
+    }
     let kd = dequantised(&case.k, h, dqk, s.format, |h| scales.scale(true, h));
     let vd = dequantised(&case.v, h, dvo, s.format, |h| scales.scale(false, h));
     let cache = Fp8Kv {

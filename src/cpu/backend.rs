@@ -3,7 +3,7 @@
 use super::{attention_with_isa, Isa, BACKEND};
 use crate::dtype::DType;
 use crate::merge::{merge_many, MergeShape};
-use crate::paged::{gather, gather_dequantized, PagedAttention, PagedCache};
+use crate::paged::{PagedAttention, PagedCache};
 use crate::problem::AttentionProblem;
 use crate::tensor::HostTensor;
 use crate::testing::{BackendCaps, PagedRun, TileRequest};
@@ -67,12 +67,9 @@ impl Backend for CpuBackend {
                 supported: "direct runs".into(),
             });
         }
-        p.validate_q(q)?;
-        let (k, v) = match cache {
-            PagedCache::Plain(pages) => gather(p.layout(), p.table(), pages)?,
-            PagedCache::Fp8(fp8) => gather_dequantized(p.layout(), p.table(), fp8)?,
-        };
-        attention_with_isa(p.problem(), q, &k, &v, self.isa)
+        super::paged::paged_attention_with(p, q, cache, |problem, q, k, v| {
+            attention_with_isa(problem, q, k, v, self.isa)
+        })
     }
 
     fn merge_states(

@@ -216,19 +216,47 @@ pub fn gather_dequantized(
     table: &PageTable,
     cache: Fp8Kv<'_>,
 ) -> Validation<(HostTensor, HostTensor)> {
+    let (k, v) = gather_values(layout, table, cache, dequantize_code)?;
+    Ok((
+        HostTensor::from_f32(layout.dtype, &k),
+        HostTensor::from_f32(layout.dtype, &v),
+    ))
+}
+
+/// The keys and values of every request of `table` as exact values, `decode(code) * scale` in
+/// f64 (exact: a code has at most 4 significant bits, a scale 24), in the ragged layout of
+/// [`gather_dequantized`]: what the f32-QK kernels compute with. Validates the cache and the
+/// table first.
+pub fn gather_exact(
+    layout: &PagedKvLayout,
+    table: &PageTable,
+    cache: Fp8Kv<'_>,
+) -> Validation<(Vec<f64>, Vec<f64>)> {
+    gather_values(layout, table, cache, |format, code, scale| {
+        f64::from(format.decode(code)) * f64::from(scale)
+    })
+}
+
+/// Every request's K and V rows, in request order, each element `value(format, code, scale)`.
+fn gather_values<X: Copy + Default + Send>(
+    layout: &PagedKvLayout,
+    table: &PageTable,
+    cache: Fp8Kv<'_>,
+    value: impl Fn(Fp8Format, u8, f32) -> X + Sync,
+) -> Validation<(Vec<X>, Vec<X>)> {
     cache.validate(layout)?;
     table.validate(layout.page_size, layout.num_pages)?;
     let (k_src, v_src) = cache.pages.k_and_v();
     let ps = layout.page_size;
     let heads = layout.num_kv_heads;
     let (dqk, dvo) = (layout.head_dims.qk(), layout.head_dims.vo());
-    // Every token's (page, slot) in request order, then the rows dequantised in parallel (a
-    // benchmark's cache is gigabytes).
+    // Every token's (page, slot) in request order, then the rows in parallel (a benchmark's cache
+    // is gigabytes).
     let slots: Vec<(usize, usize)> = (0..table.batch_size())
         .flat_map(|r| (0..table.kv_len(r, ps)).map(move |j| table.locate(r, j, ps)))
         .collect();
-    let rows = |codes: &Fp8Tensor, is_k: bool, dim: usize| -> Vec<f32> {
-        let mut out = vec![0f32; slots.len() * heads * dim];
+    let rows = |codes: &Fp8Tensor, is_k: bool, dim: usize| -> Vec<X> {
+        let mut out = vec![X::default(); slots.len() * heads * dim];
         out.par_chunks_mut(heads * dim)
             .zip(&slots)
             .for_each(|(token, &(page, slot))| {
@@ -240,17 +268,13 @@ pub fn gather_dequantized(
                     };
                     let scale = cache.scales.scale(is_k, h);
                     for (d, &c) in row.iter_mut().zip(&codes.codes[at..at + dim]) {
-                        *d = dequantize_code(codes.format, c, scale);
+                        *d = value(codes.format, c, scale);
                     }
                 }
             });
         out
     };
-    let (k, v) = (rows(k_src, true, dqk), rows(v_src, false, dvo));
-    Ok((
-        HostTensor::from_f32(layout.dtype, &k),
-        HostTensor::from_f32(layout.dtype, &v),
-    ))
+    Ok((rows(k_src, true, dqk), rows(v_src, false, dvo)))
 }
 
 /// `f32(decode(code)) * scale`, one f32 rounding; the caller rounds it to the problem's dtype.

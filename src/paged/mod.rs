@@ -28,7 +28,8 @@ mod table;
 
 pub use append::{append_paged_kv, append_paged_kv_fp8, validate_append};
 pub use fp8::{
-    dequantize, dequantize_code, gather_dequantized, quantize_value, Fp8Kv, KvScales, PagedCache,
+    dequantize, dequantize_code, gather_dequantized, gather_exact, quantize_value, Fp8Kv, KvScales,
+    PagedCache,
 };
 pub use gather::gather;
 pub use layout::{KvBuffer, KvOrder, KvStorage, PagedKv, PagedKvLayout, PagedKvMut, MAX_PAGE_SIZE};

@@ -46,7 +46,33 @@ pub fn attention(
     k: &HostTensor,
     v: &HostTensor,
 ) -> Result<ReferenceOutput, InvalidProblem> {
-    let ctx = Context::new(p, q, k, v)?;
+    attention_in(Context::new(p, q, k, v)?)
+}
+
+/// [`attention`] over K and V given as exact values (in `p`'s K/V views), not as tensors of the
+/// problem's dtype: the fp8 cache's `decode(code) * scale` (`paged::gather_exact`). Checks them as
+/// [`attention`] checks its inputs.
+pub fn attention_exact_kv(
+    p: &AttentionProblem,
+    q: &HostTensor,
+    k: Vec<f64>,
+    v: Vec<f64>,
+) -> Result<ReferenceOutput, InvalidProblem> {
+    attention_in(Context::with_exact_kv(p, q, k, v)?)
+}
+
+/// [`attention_rows`] over K and V given as exact values (see [`attention_exact_kv`]).
+pub fn attention_rows_exact_kv(
+    p: &AttentionProblem,
+    q: &HostTensor,
+    (k, v): (Vec<f64>, Vec<f64>),
+    rows: &[(usize, usize)],
+) -> Result<Vec<RowOutput>, InvalidProblem> {
+    rows_in(Context::with_exact_kv(p, q, k, v)?, rows)
+}
+
+fn attention_in(ctx: Context<'_>) -> Result<ReferenceOutput, InvalidProblem> {
+    let p = ctx.p;
     let hq = p.num_qo_heads;
     let rows: Vec<RowOutput> = (0..p.batch.total_qo() * hq)
         .into_par_iter()
@@ -72,7 +98,11 @@ pub fn attention_rows(
     v: &HostTensor,
     rows: &[(usize, usize)],
 ) -> Result<Vec<RowOutput>, InvalidProblem> {
-    let ctx = Context::new(p, q, k, v)?;
+    rows_in(Context::new(p, q, k, v)?, rows)
+}
+
+fn rows_in(ctx: Context<'_>, rows: &[(usize, usize)]) -> Result<Vec<RowOutput>, InvalidProblem> {
+    let p = ctx.p;
     for (n, &(token, head)) in rows.iter().enumerate() {
         if token >= p.batch.total_qo() || head >= p.num_qo_heads {
             return Err(InvalidProblem::new(
@@ -107,12 +137,50 @@ impl<'a> Context<'a> {
     ) -> Result<Context<'a>, InvalidProblem> {
         p.validate_inputs(q, k, v)?;
         let widen = |t: &HostTensor| t.to_f32_vec().into_iter().map(f64::from).collect();
-        let ctx = Context {
+        Self::checked(Context {
             p,
             q: widen(q),
             k: widen(k),
             v: widen(v),
-        };
+        })
+    }
+
+    /// The context of `q` (a tensor of the problem's dtype) with K and V as exact values, each
+    /// as long as a K or V tensor of the problem would be.
+    fn with_exact_kv(
+        p: &'a AttentionProblem,
+        q: &HostTensor,
+        k: Vec<f64>,
+        v: Vec<f64>,
+    ) -> Result<Context<'a>, InvalidProblem> {
+        p.validate()?;
+        if q.dtype() != p.input_dtype {
+            return Err(InvalidProblem::new(
+                "q",
+                format!(
+                    "has dtype {} but the problem's input dtype is {}",
+                    q.dtype(),
+                    p.input_dtype
+                ),
+            ));
+        }
+        let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
+        let (dqk, dvo) = (p.head_dims.qk(), p.head_dims.vo());
+        p.q_view.validate("q", qo, p.num_qo_heads, dqk, q.len())?;
+        p.k_view.validate("k", kv, p.num_kv_heads, dqk, k.len())?;
+        p.v_view.validate("v", kv, p.num_kv_heads, dvo, v.len())?;
+        let widen = |t: &HostTensor| t.to_f32_vec().into_iter().map(f64::from).collect();
+        Self::checked(Context {
+            p,
+            q: widen(q),
+            k,
+            v,
+        })
+    }
+
+    /// `ctx` once every value its views read is finite.
+    fn checked(ctx: Context<'a>) -> Result<Context<'a>, InvalidProblem> {
+        let p = ctx.p;
         let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
         let (dqk, dvo) = (p.head_dims.qk(), p.head_dims.vo());
         check_finite("q", &ctx.q, &p.q_view, qo, p.num_qo_heads, dqk)?;

@@ -26,8 +26,8 @@ use super::{BackendCaps, Case, Suite};
 use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
 use crate::dtype::DType;
 use crate::paged::{
-    append_paged_kv, append_paged_kv_fp8, gather_dequantized, Fp8Kv, KvOrder, KvScales, KvStorage,
-    PageTable, PagedAttention, PagedCache, PagedKv, PagedKvLayout, PagedKvMut,
+    append_paged_kv, append_paged_kv_fp8, gather_dequantized, gather_exact, Fp8Kv, KvOrder,
+    KvScales, KvStorage, PageTable, PagedAttention, PagedCache, PagedKv, PagedKvLayout, PagedKvMut,
 };
 use crate::problem::{HeadDims, InvalidProblem, QkAccum};
 use crate::tensor::HostTensor;
@@ -140,6 +140,10 @@ pub struct PagedInputs {
     /// expected output is computed from. `None` for a plain cache, which holds the case's K/V
     /// exactly.
     pub dequantized: Option<(HostTensor, HostTensor)>,
+    /// For an fp8 cache read with f32 QK accumulation, the ragged K and V as exact values
+    /// (`decode(code) * scale`, docs/semantics.md): what the expected output is computed from
+    /// instead of `dequantized`.
+    pub exact: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 impl PagedInputs {
@@ -249,7 +253,7 @@ fn build_cache(
         KvStorage::Separate => vec![make(layout.k_buffer_len()), make(layout.v_buffer_len())],
         KvStorage::Combined => vec![make(layout.k_buffer_len())],
     };
-    let (buffers, dequantized) = match spec.fp8 {
+    let (buffers, dequantized, exact) = match spec.fp8 {
         None => {
             let mut buffers: Vec<HostTensor> = lens(&|n| n)
                 .into_iter()
@@ -263,7 +267,7 @@ fn build_cache(
                 v,
                 pages_mut_of(&mut buffers),
             )?;
-            (CacheBuffers::Plain(buffers), None)
+            (CacheBuffers::Plain(buffers), None, None)
         }
         Some(f) => {
             let scales = fp8_scales(case, f, k, v);
@@ -279,15 +283,16 @@ fn build_cache(
                 pages_mut_of(&mut pages),
                 &scales,
             )?;
-            let tokens = gather_dequantized(
-                &layout,
-                &table,
-                Fp8Kv {
-                    pages: pages_of(&pages),
-                    scales: &scales,
-                },
-            )?;
-            (CacheBuffers::Fp8 { pages, scales }, Some(tokens))
+            let cache = Fp8Kv {
+                pages: pages_of(&pages),
+                scales: &scales,
+            };
+            let tokens = gather_dequantized(&layout, &table, cache)?;
+            let exact = match p.qk_accum {
+                QkAccum::F32 => Some(gather_exact(&layout, &table, cache)?),
+                QkAccum::F16 => None,
+            };
+            (CacheBuffers::Fp8 { pages, scales }, Some(tokens), exact)
         }
     };
     let paged = PagedAttention::new(p.clone(), layout, table)?;
@@ -295,6 +300,7 @@ fn build_cache(
         paged,
         buffers,
         dequantized,
+        exact,
     })
 }
 
