@@ -70,6 +70,16 @@ __device__ __forceinline__ float kv_scale(const float* scales, int head_stride, 
 // is index r * CODE_RUNS + c), so the threads of a warp read whole rows of consecutive bytes. The
 // copies are unrolled (their addresses are cheap to keep); the expansion only with
 // policy::FP8_EXPAND_UNROLLED (after the tile's products it runs beside the live accumulators).
+//
+// Where a run waits in the buffer (Fp8CodeSlots): in a row-major tile (the mma.sync tiles) whose
+// rows hold a whole number of runs per 32 (head dims 64, 128, 256), the 32 runs of each warp's
+// copy go to the first 512 bytes of the 1024 their rows expand into, in order, so a warp's copies
+// fill whole 128-byte lines of shared memory as a plain tile's do (at the expanded chunks, every
+// other 16 bytes, each copy moved its 32-byte sector from L2 twice and the decode kernel was bound
+// by L2 requests: `ncu --set full` on the e4m3 decode, L2 tag requests at 84% of peak, DRAM at
+// 47%). Those rows are expanded by the same warp, whose lanes read their runs, meet at a warp
+// barrier, then write. Otherwise (wgmma tiles, head dim 192) a run waits at the first of its two
+// chunks, where only its own thread reads or writes.
 template <int ROWS, int CODE_RUNS, int NUM_THREADS, bool UNROLLED, typename F>
 __device__ __forceinline__ void for_thread_code_runs(F f) {
   constexpr int TOTAL = ROWS * CODE_RUNS;
@@ -87,8 +97,25 @@ __device__ __forceinline__ void for_thread_code_runs(F f) {
   }
 }
 
+// Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above).
+template <int ROW_CHUNKS, int ATOM_ROWS>
+struct Fp8CodeSlots {
+  static constexpr int CODE_RUNS = ROW_CHUNKS / 2;
+  // Runs of one warp's copy packed in order: a row-major tile with whole rows per 32 runs.
+  static constexpr bool PACKED = ATOM_ROWS == 0 && 32 % CODE_RUNS == 0;
+  __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, int row, int run) {
+    if constexpr (PACKED) {
+      // 32 runs expand into 32 * 32 bytes: rows 32 / CODE_RUNS at a time, ROW_CHUNKS * 16 bytes each.
+      const int idx = row * CODE_RUNS + run;
+      return tile.base + static_cast<u32_t>((idx / 32) * 1024 + (idx % 32) * 16);
+    } else {
+      return tile.chunk_addr(row, 2 * run);
+    }
+  }
+};
+
 // fp8: the codes of one tensor's rows [j0, j0 + ROWS) to `tile` (part of the caller's cp.async
-// group), each 16-byte run at the tile chunk where expand_fp8_codes finds it; `page_of(row)` is
+// group), each 16-byte run where expand_fp8_codes finds it (Fp8CodeSlots); `page_of(row)` is
 // the page id of the tile's row `row` (any id when the row is past the valid rows).
 template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS, typename PageOf>
 __device__ __forceinline__ void copy_fp8_codes_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
@@ -96,7 +123,8 @@ __device__ __forceinline__ void copy_fp8_codes_async(const SmemTile<ROW_CHUNKS, 
                                                      PageOf page_of) {
   static_assert(ROW_CHUNKS % 2 == 0, "fp8 rows of whole 16-code runs");
   for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
-    cp_async_16(tile.chunk_addr(row, 2 * run), src.in_page(page_of(row), j0 + row) + 16 * run, row < valid_rows);
+    cp_async_16(Fp8CodeSlots<ROW_CHUNKS, ATOM_ROWS>::at(tile, row, run), src.in_page(page_of(row), j0 + row) + 16 * run,
+                row < valid_rows);
   });
 }
 
@@ -114,8 +142,9 @@ __device__ __forceinline__ void copy_fp8_kv_codes_async(const SmemTile<K_CHUNKS,
     for_thread_code_runs<ROWS, K_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
       const bool valid = row < valid_rows;
       const int page = staged(row);
-      cp_async_16(k_tile.chunk_addr(row, 2 * run), k.in_page(page, j0 + row) + 16 * run, valid);
-      cp_async_16(v_tile.chunk_addr(row, 2 * run), v.in_page(page, j0 + row) + 16 * run, valid);
+      using Slots = Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>;
+      cp_async_16(Slots::at(k_tile, row, run), k.in_page(page, j0 + row) + 16 * run, valid);
+      cp_async_16(Slots::at(v_tile, row, run), v.in_page(page, j0 + row) + 16 * run, valid);
     });
   } else {
     copy_fp8_codes_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, k, j0, valid_rows, staged);
@@ -133,6 +162,39 @@ __device__ __forceinline__ void expand_fp8_codes(const SmemTile<ROW_CHUNKS, ATOM
   auto expand = [&](uint2 codes) {
     return SCALE_LATER ? decode_fp8x8<T, FP8>(codes) : dequantize_fp8x8<T, FP8>(codes, scale);
   };
+  using Slots = Fp8CodeSlots<ROW_CHUNKS, ATOM_ROWS>;
+  if constexpr (Slots::PACKED) {
+    // Packed runs: every lane of the warp reads its run, the warp meets, then each writes its two
+    // chunks (over bytes where other lanes' runs waited). Every lane meets the warp barrier, a
+    // lane without a run too.
+    static_assert(NUM_THREADS % 32 == 0, "whole warps");
+    constexpr int TOTAL = ROWS * Slots::CODE_RUNS;
+    auto step = [&](int i) {
+      const int idx = i * NUM_THREADS + threadIdx.x;
+      const bool has_run = TOTAL % NUM_THREADS == 0 || idx < TOTAL;
+      const int row = idx / Slots::CODE_RUNS, run = idx % Slots::CODE_RUNS;
+      uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
+      if (has_run) {
+        const u32_t at = Slots::at(tile, row, run);
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(lo.x), "=r"(lo.y) : "r"(at) : "memory");
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(hi.x), "=r"(hi.y) : "r"(at + 8) : "memory");
+      }
+      __syncwarp();
+      if (has_run) {
+        st_shared_16(tile.chunk_addr(row, 2 * run), expand(lo));
+        st_shared_16(tile.chunk_addr(row, 2 * run + 1), expand(hi));
+      }
+    };
+    constexpr int STEPS = (TOTAL + NUM_THREADS - 1) / NUM_THREADS;
+    if constexpr (UNROLLED) {
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) step(i);
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < STEPS; ++i) step(i);
+    }
+    return;
+  }
   for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, UNROLLED>([&](int row, int run) {
     const u32_t lo_at = tile.chunk_addr(row, 2 * run);
     uint2 lo, hi;
