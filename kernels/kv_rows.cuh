@@ -71,15 +71,14 @@ __device__ __forceinline__ float kv_scale(const float* scales, int head_stride, 
 // copies are unrolled (their addresses are cheap to keep); the expansion only with
 // policy::FP8_EXPAND_UNROLLED (after the tile's products it runs beside the live accumulators).
 //
-// Where a run waits in the buffer (Fp8CodeSlots): in a row-major tile (the mma.sync tiles) whose
-// rows hold a whole number of runs per 32 (head dims 64, 128, 256), the 32 runs of each warp's
-// copy go to the first 512 bytes of the 1024 their rows expand into, in order, so a warp's copies
-// fill whole 128-byte lines of shared memory as a plain tile's do (at the expanded chunks, every
-// other 16 bytes, each copy moved its 32-byte sector from L2 twice and the decode kernel was bound
-// by L2 requests: `ncu --set full` on the e4m3 decode, L2 tag requests at 84% of peak, DRAM at
-// 47%). Those rows are expanded by the same warp, whose lanes read their runs, meet at a warp
-// barrier, then write. Otherwise (wgmma tiles, head dim 192) a run waits at the first of its two
-// chunks, where only its own thread reads or writes.
+// Where a run waits in the buffer (Fp8CodeSlots): when 32 runs are whole rows (head dims 64, 128,
+// 256), the 32 runs of each warp's copy go to the first 512 bytes, in address order, of the 1024
+// their rows expand into (either layout), so a warp's copies fill whole 128-byte lines of shared
+// memory as a plain tile's do (at the expanded chunks, every other 16 bytes, each copy moved its
+// 32-byte sector from L2 twice and the decode kernel was bound by L2 requests: `ncu --set full`
+// on the e4m3 decode, L2 tag requests at 84% of peak, DRAM at 47%). Those rows are expanded by
+// the same warp, whose lanes read their runs, meet at a warp barrier, then write. Otherwise (head dim 192) a run waits at the first of its two chunks, where
+// only its own thread reads or writes.
 template <int ROWS, int CODE_RUNS, int NUM_THREADS, bool UNROLLED, typename F>
 __device__ __forceinline__ void for_thread_code_runs(F f) {
   constexpr int TOTAL = ROWS * CODE_RUNS;
@@ -101,13 +100,26 @@ __device__ __forceinline__ void for_thread_code_runs(F f) {
 template <int ROW_CHUNKS, int ATOM_ROWS>
 struct Fp8CodeSlots {
   static constexpr int CODE_RUNS = ROW_CHUNKS / 2;
-  // Runs of one warp's copy packed in order: a row-major tile with whole rows per 32 runs.
-  static constexpr bool PACKED = ATOM_ROWS == 0 && 32 % CODE_RUNS == 0;
+  // Runs of one warp's copy packed in order: whole rows per 32 runs.
+  static constexpr bool PACKED = 32 % CODE_RUNS == 0;
+  // The rows of one warp's 32 runs, and the 16-byte slots of those rows in one column group of
+  // the column layout.
+  static constexpr int WARP_ROWS = PACKED ? 32 / CODE_RUNS : 1;
+  static constexpr int GROUP_SLOTS = WARP_ROWS * 8;
   __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, int row, int run) {
     if constexpr (PACKED) {
-      // 32 runs expand into 32 * 32 bytes: rows 32 / CODE_RUNS at a time, ROW_CHUNKS * 16 bytes each.
+      // Slot s of the warp's 32 is the s-th 16 bytes, in address order, of what its rows expand
+      // into: row-major, 1024 contiguous bytes; in the column layout, the rows' 128-byte lines of
+      // column group 0, then of group 1 (head dim 256: two rows, 16 slots a group).
       const int idx = row * CODE_RUNS + run;
-      return tile.base + static_cast<u32_t>((idx / 32) * 1024 + (idx % 32) * 16);
+      const int slot = idx % 32;
+      if constexpr (ATOM_ROWS == 0) {
+        return tile.base + static_cast<u32_t>((idx / 32) * 1024 + slot * 16);
+      } else {
+        const int first_row = (idx / 32) * WARP_ROWS;
+        return tile.base + static_cast<u32_t>((slot / GROUP_SLOTS) * SmemTile<ROW_CHUNKS, ATOM_ROWS>::GROUP_BYTES +
+                                              first_row * 128 + (slot % GROUP_SLOTS) * 16);
+      }
     } else {
       return tile.chunk_addr(row, 2 * run);
     }
