@@ -27,8 +27,8 @@
 // Q K^T takes it as A fragments), so each warp then loads its next item's Q rows into the same Q
 // tile while this one computes; otherwise S = Q K^T reads Q from shared memory
 // (WS_Q_IN_REGISTERS), and the next item's rows go to a second Q tile. The output is staged in a
-// region of its own, except at head dim 256, where that region and a second Q tile would not fit
-// beside a ring of two stages: there the output is staged in the item's Q tile, whose rows the
+// region of its own, except where that region and a second Q tile would not fit beside the ring
+// (head dims 256 and (192, 128)): there the output is staged in the item's Q tile, whose rows the
 // products no longer read, and each warp loads its next item's Q rows after its stores
 // (spec::WS_OUTPUT_IN_Q_TILE). The ring's tiles count on across items, so the producer runs ahead
 // into the next item's.
@@ -148,10 +148,25 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
   } else {
     const i64_t stride_token = IS_K ? p.k_stride_token : p.v_stride_token;
     const i64_t stride_head = IS_K ? p.k_stride_head : p.v_stride_head;
-    const KvRowsIn rows{static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token +
-                            it.tile.kv_head * stride_head,
-                        stride_token, nullptr, 0, 0, 0};
-    load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    const DTypeIn* first =
+        static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token + it.tile.kv_head * stride_head;
+    if constexpr (WS_PRODUCER_THREADS % CHUNKS == 0) {
+      const KvRowsIn rows{first, stride_token, nullptr, 0, 0, 0};
+      load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    } else {
+      // Rows whose chunks do not divide over the warpgroup (head dim 192): a loop, not unrolled,
+      // since every chunk's address is its own and the producer holds 24 registers (unrolled,
+      // ptxas spilled about 700 bytes of them); it runs once per request.
+      const int valid_rows = it.m.kv_len - k0;
+      first += k0 * stride_token;
+#pragma unroll 1
+      for (int idx = threadIdx.x; idx < KV_TILE * CHUNKS; idx += WS_PRODUCER_THREADS) {
+        const int row = idx / CHUNKS, chunk = idx % CHUNKS;
+        const bool valid = row < valid_rows;
+        cp_async_16(tile.chunk_addr(row, chunk), first + (valid ? row * stride_token : 0) + chunk * (16 / sizeof(DTypeIn)),
+                    valid);
+      }
+    }
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async_shared();
@@ -412,10 +427,10 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     // clobbers keep the compiler from reusing the first reads): the consumers' registers are
     // the loop's.
     ws_item(p, i, it);
-    // With the output staged in the Q tile (head dim 256), this thread's rows and lane are read
-    // afresh too: the staging addresses derive from them, which ptxas otherwise computed before
-    // the loop and spilled (up to 476 bytes, `attnforge compile --arch sm_90a --filter
-    // ws2q1kv64`). Elsewhere the kernels keep the code they were measured with.
+    // With the output staged in the Q tile (head dims 256 and (192, 128)), this thread's rows and
+    // lane are read afresh too: the staging addresses derive from them, which ptxas otherwise
+    // computed before the loop and spilled (up to 476 bytes at 256, `attnforge compile --arch
+    // sm_90a --filter ws2q1kv64`). Elsewhere the kernels keep the code they were measured with.
     WarpRows out_warp_rows = warp_rows;
     int out_lane = lane, coords_lane;
     if constexpr (WS_OUTPUT_IN_Q_TILE) {

@@ -50,7 +50,7 @@ fn labels_round_trip_and_bad_ones_are_refused() {
 }
 
 #[test]
-fn it_runs_on_sm90a_only_at_head_dims_64_128_and_256() {
+fn it_runs_on_sm90a_only_at_head_dims_64_128_256_and_192_128() {
     let t = ws();
     for d in [64, 128] {
         let dims = HeadDims::equal(d).unwrap();
@@ -58,12 +58,12 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_and_256() {
         assert!(!t.runs_on(Arch::Sm80, dims) && !t.runs_on(Arch::Sm89, dims));
         assert_eq!(t.for_arch(Arch::Sm90a, dims), t);
     }
-    for dims in [
-        HeadDims::equal(256).unwrap(),
-        HeadDims::new(192, 128).unwrap(),
-    ] {
-        assert!(!t.runs_on(Arch::Sm90a, dims) && !t.supports_wgmma(dims));
-    }
+    // Four 64-key stages fit head dims (192, 128) only with the output staged in the Q tile,
+    // and head dim 256 not at all.
+    let d192 = HeadDims::new(192, 128).unwrap();
+    assert!(t.runs_on(Arch::Sm90a, d192) && t.ws_output_in_q_tile(d192));
+    let d256 = HeadDims::equal(256).unwrap();
+    assert!(!t.runs_on(Arch::Sm90a, d256) && !t.supports_wgmma(d256));
     assert!(t.supports(KvCache::Ragged) && !t.supports(KvCache::Paged));
     assert!(t.supports_qk_accum(QkAccum::F32) && !t.supports_qk_accum(QkAccum::F16));
     assert!(!t.supports_kv_split());
@@ -83,7 +83,6 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_and_256() {
     assert!(three.runs_on(Arch::Sm90a, HeadDims::equal(64).unwrap()));
     assert!(!three.ws_output_in_q_tile(HeadDims::equal(64).unwrap()));
     // Head dim 256: 64-key tiles in two stages only, with the output staged in the Q tile.
-    let d256 = HeadDims::equal(256).unwrap();
     let two = TileConfig::WARP_SPECIALIZED_D256;
     assert_eq!(two.label(), "ws2q1kv64");
     assert!(two.runs_on(Arch::Sm90a, d256) && !two.runs_on(Arch::Sm80, d256));
@@ -94,7 +93,7 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_and_256() {
             "{other}"
         );
     }
-    assert!(!two.runs_on(Arch::Sm90a, HeadDims::new(192, 128).unwrap()));
+    assert!(ws128().runs_on(Arch::Sm90a, d192) && ws128().ws_output_in_q_tile(d192));
     // At head dims 64 and 128 each tile keeps an output stage of its own.
     for d in [64, 128] {
         let dims = HeadDims::equal(d).unwrap();
@@ -110,7 +109,7 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_and_256() {
         TileConfig::warp_specialized_tiles_for(HeadDims::equal(128).unwrap()),
         vec![ws(), ws128()]
     );
-    assert!(TileConfig::warp_specialized_tiles_for(HeadDims::new(192, 128).unwrap()).is_empty());
+    assert_eq!(TileConfig::warp_specialized_tiles_for(d192), vec![ws128()]);
 }
 
 #[test]
@@ -150,11 +149,14 @@ fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
         .into_iter()
         .filter(|s| s.tile.warp_specialized)
         .collect();
-    // (2 tiles x 2 head dims + 1 tile at head dim 256) x 2 dtypes x 4 masks x 5 variants.
-    assert_eq!(kernels.len(), 200);
+    // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 2 dtypes x 4 masks x 5
+    // variants.
+    assert_eq!(kernels.len(), 240);
     for s in &kernels {
         if s.head_dims.qk() == 256 {
             assert_eq!(s.tile, TileConfig::WARP_SPECIALIZED_D256);
+        } else if s.head_dims.qk() == 192 {
+            assert_eq!(s.tile, ws128());
         } else {
             assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
         }

@@ -142,12 +142,15 @@ impl TileConfig {
         !self.wgmma || matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
     }
 
-    /// Whether this warp-specialised tile can compute a kernel with these head dims: 64, 128
-    /// and 256, with the ring in one CTA's shared memory on sm_90a (at 256 only 64-key tiles in
-    /// two stages fit, with the output staged in the Q tile).
+    /// Whether this warp-specialised tile can compute a kernel with these head dims: 64, 128,
+    /// 256 and (192, 128), with the ring in one CTA's shared memory on sm_90a (at 256 only
+    /// 64-key tiles in two stages fit, at (192, 128) 128-key tiles in two stages or 64-key
+    /// tiles in up to three, each with the output staged in the Q tile).
     fn supports_warp_specialized(self, dims: HeadDims) -> bool {
-        matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
-            && self.smem_bytes(dims) <= MAX_SHARED_MEMORY_PER_CTA_SM90
+        matches!(
+            (dims.qk(), dims.vo()),
+            (64, 64) | (128, 128) | (256, 256) | (192, 128)
+        ) && self.smem_bytes(dims) <= MAX_SHARED_MEMORY_PER_CTA_SM90
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin where the kernel supports
@@ -274,18 +277,22 @@ impl TileConfig {
             .map(|(stages, keys)| Self::warp_specialized(stages, keys))
     }
 
-    /// The warp-specialised tiles of the compile matrix that compute `dims`: those of
-    /// [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) that fit, or, where none does,
-    /// [`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256) if it fits.
+    /// The warp-specialised tiles of the compile matrix that compute `dims`: at head dims 64
+    /// and 128 those of [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) (that fit); at the others
+    /// one tile, the planner's kind ([`PLANNED_WARP_SPECIALIZED`](Self::PLANNED_WARP_SPECIALIZED))
+    /// where it fits ((192, 128), with the output staged in the Q tile), else
+    /// [`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256) where that fits (256).
     pub fn warp_specialized_tiles_for(dims: HeadDims) -> Vec<TileConfig> {
-        let fitting: Vec<TileConfig> = Self::warp_specialized_tiles()
-            .filter(|t| t.supports_wgmma(dims))
-            .collect();
-        if fitting.is_empty() && Self::WARP_SPECIALIZED_D256.supports_wgmma(dims) {
-            vec![Self::WARP_SPECIALIZED_D256]
-        } else {
-            fitting
+        if matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128)) {
+            return Self::warp_specialized_tiles()
+                .filter(|t| t.supports_wgmma(dims))
+                .collect();
         }
+        [Self::PLANNED_WARP_SPECIALIZED, Self::WARP_SPECIALIZED_D256]
+            .into_iter()
+            .find(|t| t.supports_wgmma(dims))
+            .into_iter()
+            .collect()
     }
 
     /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles,
