@@ -1,7 +1,8 @@
 // prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta is a
 // persistent CTA that computes the work items (request, query tile, KV head) at positions
 // blockIdx.x, blockIdx.x + gridDim.x, .. of the work list, up to an end marker (the host balances
-// the CTAs' items: cuda/plan.rs), each over its whole visible KV range, with the roles of
+// the CTAs' items: cuda/plan.rs), each over its whole visible KV range (with a split plan, over
+// its KV chunk, ending in a partial result for the merge kernel), with the roles of
 // FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
@@ -86,13 +87,14 @@ static_assert(WS_PRODUCER_REGS * WS_PRODUCER_THREADS + WS_CONSUMER_REGS * NUM_TH
 using WsRing = ws::KvRing<WS_STAGES, KTile, VTile, K_TILE_BYTES, V_TILE_BYTES>;
 
 // One work item as a CTA of either role sees it: its request's bounds, query tile, token range and
-// visible KV tiles (run_cta's set-up, without a KV split).
+// visible KV tiles (run_cta's set-up): with a split plan, those of its KV chunk only.
 struct WsItem {
   RequestMaskContext m;
   QueryTile tile;
   int qo_start, kv_start;
   int tok_lo, tok_hi;
   int kv_lo, num_tiles;
+  int chunk;  // the KV chunk, with a split plan (p.kv_chunk > 0)
 };
 
 // Work item `index` of the list into `it`; false at an end marker (request -1).
@@ -115,6 +117,12 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   it.tok_hi = it.tile.group_div.div(min(it.tile.row0 + CTA_Q, it.tile.packed_len) - 1);
   int kv_hi;
   visible_key_range<spec::MASK_KIND>(it.m, it.tok_lo, it.tok_hi, it.kv_lo, kv_hi);
+  it.chunk = work.w;
+  if (p.kv_chunk > 0) {  // a chunk's bounds are multiples of the KV tile
+    const int chunk_lo = work.w * p.kv_chunk;
+    it.kv_lo = max(it.kv_lo, chunk_lo);
+    kv_hi = min(kv_hi, chunk_lo + p.kv_chunk);
+  }
   it.kv_lo = it.kv_lo / KV_TILE * KV_TILE;
   it.num_tiles = kv_hi > it.kv_lo ? (kv_hi - it.kv_lo + KV_TILE - 1) / KV_TILE : 0;
   return true;
@@ -447,12 +455,20 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     for (int h = 0; h < 2; ++h)
       sink_log2[0][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, out_rows.head[0][h]) : 0.0f;
     float lse[MMA_Q][2];
-    softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-    // Staged through this warp's own rows of the output stage: a region of its own, since the Q
-    // tile already receives the next item's rows; or the Q tile, whose rows of this warpgroup
-    // its products no longer read (each of its threads waited for its last S = Q K^T before the
-    // turn barrier of its last P V), and which then takes the warp's rows of the next item.
-    store_output(p, it.tile, out_rows, it.qo_start, out_warp_rows, out_lane, o_bytes, OStage{o_stage}, o, lse);
+    if (p.kv_chunk > 0) {
+      // A split plan: the chunk's partial result, from the registers, without the sink (the
+      // merge adds it once).
+      softmax.finish<false>(o, sink_log2, lse);
+      store_partial(p, out_rows, it.qo_start, it.chunk, out_lane, o, lse);
+    } else {
+      softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+      // Staged through this warp's own rows of the output stage: a region of its own, since the
+      // Q tile already receives the next item's rows; or the Q tile, whose rows of this
+      // warpgroup its products no longer read (each of its threads waited for its last
+      // S = Q K^T before the turn barrier of its last P V), and which then takes the warp's rows
+      // of the next item.
+      store_output(p, it.tile, out_rows, it.qo_start, out_warp_rows, out_lane, o_bytes, OStage{o_stage}, o, lse);
+    }
     i = next;
     q_buf = WS_Q_TILES - 1 - q_buf;
     more = ws_item(p, i, it);

@@ -66,7 +66,7 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_256_and_192_128() {
     assert!(!t.runs_on(Arch::Sm90a, d256) && !t.supports_wgmma(d256));
     assert!(t.supports(KvCache::Ragged) && !t.supports(KvCache::Paged));
     assert!(t.supports_qk_accum(QkAccum::F32) && !t.supports_qk_accum(QkAccum::F16));
-    assert!(!t.supports_kv_split());
+    assert!(!t.plans_kv_split());
     // Eight stages of head dim 128 do not fit one CTA's shared memory.
     let eight = TileConfig::parse("ws8q1kv64").unwrap();
     assert!(!eight.runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));

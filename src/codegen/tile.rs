@@ -227,9 +227,11 @@ impl TileConfig {
         !self.warp_specialized || qk_accum == QkAccum::F32
     }
 
-    /// Whether a plan may split the KV range over several CTAs with this tile: not with the
-    /// warp-specialised tile, which writes no partial results.
-    pub fn supports_kv_split(self) -> bool {
+    /// Whether the planner splits the KV range over several CTAs with this tile on its own
+    /// (`choose_kv_split`): not with the warp-specialised tile, whose split runs only when a plan
+    /// asks for one (`SplitChoice::ChunkKeys`), since the split heuristic was measured with the
+    /// other tiles. Every tile can write a split's partial results.
+    pub fn plans_kv_split(self) -> bool {
         !self.warp_specialized
     }
 
