@@ -6,19 +6,20 @@
 
 namespace prefill {
 
-// Writes this warp's normalised O rows (staged through its own rows of the Q tile, so the global
-// stores are 16 bytes wide) and their LSE.
+// Writes this warp's normalised O rows (staged through its own rows of `stage`, in either layout of
+// smem_tile.cuh, so the global stores are 16 bytes wide) and their LSE.
+template <int ATOM_ROWS>
 __device__ __forceinline__ void store_output(const PrefillParams& p, const QueryTile& tile, const RowCoords& rows,
                                              int qo_start, WarpRows warp_rows, int lane, unsigned char* q_bytes,
-                                             const SmemTile<VO_CHUNKS>& stage, const float (&o)[MMA_Q][VO_NT][4],
-                                             const float (&lse)[MMA_Q][2]) {
+                                             const SmemTile<VO_CHUNKS, ATOM_ROWS>& stage,
+                                             const float (&o)[MMA_Q][VO_NT][4], const float (&lse)[MMA_Q][2]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Row lane / 4 of an 8-row group: its swizzle is the same for every chunk, so each store's
       // offset is this thread's offset XOR a constant plus a constant (FragOffsets).
-      const FragOffsets<VO_CHUNKS> at(lane / 4, 0);
+      const FragOffsets<VO_CHUNKS, ATOM_ROWS> at(lane / 4, 0);
 #pragma unroll
       for (int dt = 0; dt < VO_NT; ++dt) {
         u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);

@@ -1,7 +1,8 @@
 // prefill_ws.cuh — the warp-specialised Hopper prefill kernel (sm_90a): run_ws_cta is a
 // persistent CTA that computes the work items (request, query tile, KV head) at positions
 // blockIdx.x, blockIdx.x + gridDim.x, .. of the work list, up to an end marker (the host balances
-// the CTAs' items: cuda/plan.rs), each over its whole visible KV range, with the roles of
+// the CTAs' items: cuda/plan.rs), each over its whole visible KV range (with a split plan, over
+// its KV chunk, ending in a partial result for the merge kernel), with the roles of
 // FlashAttention-3's published technique:
 //
 // - warpgroup 0 produces: after giving back registers (setmaxnreg.dec), it fills a ring of
@@ -23,11 +24,15 @@
 // Per consumer warpgroup, tile j: [turn: S_j; P_{j-1} V_{j-1}]; wait for S_j and release K_j;
 // logits, mask and softmax update; wait for P_{j-1} V_{j-1} and release V_{j-1}; rescale o; P_j
 // packed to registers. Tile 0's S and the last tile's P V take a turn each. Tiles of 64 or 128
-// keys (KV_TILE): with 64, Q is read into registers once per item (S = Q K^T takes it as A
-// fragments), so each warp then loads its next item's Q rows into the same Q tile while this one
-// computes; with 128, S = Q K^T reads Q from shared memory and the next item's rows go to a
-// second Q tile (WS_Q_IN_REGISTERS). The output is staged in a region of its own. The ring's tiles count
-// on across items, so the producer runs ahead into the next item's.
+// keys (KV_TILE): with 64 at head dims 64 and 128, Q is read into registers once per item (S =
+// Q K^T takes it as A fragments), so each warp then loads its next item's Q rows into the same Q
+// tile while this one computes; otherwise S = Q K^T reads Q from shared memory
+// (WS_Q_IN_REGISTERS), and the next item's rows go to a second Q tile. The output is staged in a
+// region of its own, except where that region and a second Q tile would not fit beside the ring
+// (head dims 256 and (192, 128)): there the output is staged in the item's Q tile, whose rows the
+// products no longer read, and each warp loads its next item's Q rows after its stores
+// (spec::WS_OUTPUT_IN_Q_TILE). The ring's tiles count on across items, so the producer runs ahead
+// into the next item's.
 // Requires: everything prefill.cuh does, and ws_pipeline.cuh.
 
 namespace prefill {
@@ -35,22 +40,32 @@ namespace prefill {
 constexpr int WS_STAGES = spec::WS_KV_STAGES;
 constexpr int WS_PRODUCER_THREADS = 128;
 constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
+// The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout),
+// in a region of its own unless it is the Q tile (spec::WS_OUTPUT_IN_Q_TILE, the host's choice:
+// TileConfig::ws_output_in_q_tile).
+constexpr bool WS_OUTPUT_IN_Q_TILE = spec::WS_OUTPUT_IN_Q_TILE;
+// In the Q tile it takes that tile's column layout, so that each warp's rows there are the Q rows
+// of its own (which only its warpgroup's products read); in its own region, rows.
+constexpr int O_STAGE_BYTES = WS_OUTPUT_IN_Q_TILE ? 0 : CTA_Q * VO_CHUNKS * 16;
+using OStage = SmemTile<VO_CHUNKS, WS_OUTPUT_IN_Q_TILE ? Q_ATOM_ROWS : 0>;
+// Where S = Q K^T reads Q: with 64-key tiles at head dims 64 and 128 each warp holds its rows as
+// A fragments (32 registers at head dim 128), read once per item, so one Q tile takes the next
+// item's rows while this one computes; with 128-key tiles the logits of a tile take those
+// registers, and at head dim 256 the output's do (128 a thread), so the products read Q from
+// shared memory (m64n128k16 with both operands there: 6 KB per 64 cycles of the tensor cores)
+// and the next item's rows go to a second Q tile, or, with the output staged in the Q tile,
+// follow the item's stores into the same one.
+constexpr bool WS_Q_IN_REGISTERS = KV_TILE == 64 && QK_CHUNKS <= 16;
+constexpr bool WS_Q_AHEAD = !WS_OUTPUT_IN_Q_TILE;  // the next item's Q copied during this one
+constexpr int WS_Q_TILES = WS_Q_IN_REGISTERS || !WS_Q_AHEAD ? 1 : 2;
 // Registers per thread after the hand-over: 40 x 128 + 232 x 256 (or 24 x 128 + 240 x 256) = 64512
 // of the SM's 65536, as many as the launch's 168 x 384 (ptxas's cap for 384 threads). With
 // 128-key tiles the consumers hold 64 logits, 32 of P and 64 of O; at 232 registers ptxas spilled
 // 4 to 88 bytes of them (head dim 128; `attnforge compile --arch sm_90a --filter ws2q1kv128`),
-// at 240 none but with a custom mask, and the producer's TMA loop fits 24.
-constexpr int WS_PRODUCER_REGS = KV_TILE == 128 ? 24 : 40;
-constexpr int WS_CONSUMER_REGS = KV_TILE == 128 ? 240 : 232;
-// The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout).
-constexpr int O_STAGE_BYTES = CTA_Q * VO_CHUNKS * 16;
-// Where S = Q K^T reads Q: with 64-key tiles each warp holds its rows as A fragments (32 registers
-// at head dim 128), read once per item, so one Q tile takes the next item's rows while this one
-// computes; with 128-key tiles the logits of a tile take those registers, so the products read Q
-// from shared memory (m64n128k16 with both operands there: 6 KB per 64 cycles of the tensor
-// cores) and the next item's rows go to a second Q tile.
-constexpr bool WS_Q_IN_REGISTERS = KV_TILE == 64;
-constexpr int WS_Q_TILES = WS_Q_IN_REGISTERS ? 1 : 2;
+// at 240 none but with a custom mask, and the producer's TMA loop fits 24. The same 240 where the
+// products read Q from shared memory at head dim 256 (128 of O, 32 logits, 16 of P).
+constexpr int WS_PRODUCER_REGS = KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 24 : 40;
+constexpr int WS_CONSUMER_REGS = KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 240 : 232;
 constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
                               4 * WS_STAGES * 8 + SMEM_ALIGN_SLACK;
 // Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
@@ -60,6 +75,8 @@ constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
                   !spec::KV_PAGED && !spec::QK_F16_ACCUM,
               "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, ragged K/V, f32 QK");
+static_assert(!WS_OUTPUT_IN_Q_TILE || !WS_Q_IN_REGISTERS,
+              "the output staged in the Q tile: the products read Q from there, so its rows are free only after them");
 // Keys per TMA box (the host's tensor maps, src/cuda/tma.rs): a tile's column group is copied as
 // KV_TILE / WS_BOX_ROWS boxes.
 constexpr int WS_BOX_ROWS = 64;
@@ -70,13 +87,14 @@ static_assert(WS_PRODUCER_REGS * WS_PRODUCER_THREADS + WS_CONSUMER_REGS * NUM_TH
 using WsRing = ws::KvRing<WS_STAGES, KTile, VTile, K_TILE_BYTES, V_TILE_BYTES>;
 
 // One work item as a CTA of either role sees it: its request's bounds, query tile, token range and
-// visible KV tiles (run_cta's set-up, without a KV split).
+// visible KV tiles (run_cta's set-up): with a split plan, those of its KV chunk only.
 struct WsItem {
   RequestMaskContext m;
   QueryTile tile;
   int qo_start, kv_start;
   int tok_lo, tok_hi;
   int kv_lo, num_tiles;
+  int chunk;  // the KV chunk, with a split plan (p.kv_chunk > 0)
 };
 
 // Work item `index` of the list into `it`; false at an end marker (request -1).
@@ -99,6 +117,12 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   it.tok_hi = it.tile.group_div.div(min(it.tile.row0 + CTA_Q, it.tile.packed_len) - 1);
   int kv_hi;
   visible_key_range<spec::MASK_KIND>(it.m, it.tok_lo, it.tok_hi, it.kv_lo, kv_hi);
+  it.chunk = work.w;
+  if (p.kv_chunk > 0) {  // a chunk's bounds are multiples of the KV tile
+    const int chunk_lo = work.w * p.kv_chunk;
+    it.kv_lo = max(it.kv_lo, chunk_lo);
+    kv_hi = min(kv_hi, chunk_lo + p.kv_chunk);
+  }
   it.kv_lo = it.kv_lo / KV_TILE * KV_TILE;
   it.num_tiles = kv_hi > it.kv_lo ? (kv_hi - it.kv_lo + KV_TILE - 1) / KV_TILE : 0;
   return true;
@@ -132,10 +156,25 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
   } else {
     const i64_t stride_token = IS_K ? p.k_stride_token : p.v_stride_token;
     const i64_t stride_head = IS_K ? p.k_stride_head : p.v_stride_head;
-    const KvRowsIn rows{static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token +
-                            it.tile.kv_head * stride_head,
-                        stride_token, nullptr, 0, 0, 0};
-    load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    const DTypeIn* first =
+        static_cast<const DTypeIn*>(IS_K ? p.k : p.v) + it.kv_start * stride_token + it.tile.kv_head * stride_head;
+    if constexpr (WS_PRODUCER_THREADS % CHUNKS == 0) {
+      const KvRowsIn rows{first, stride_token, nullptr, 0, 0, 0};
+      load_kv_rows_async<KV_TILE, CHUNKS, WS_PRODUCER_THREADS>(tile, rows, k0, it.m.kv_len - k0);
+    } else {
+      // Rows whose chunks do not divide over the warpgroup (head dim 192): a loop, not unrolled,
+      // since every chunk's address is its own and the producer holds 24 registers (unrolled,
+      // ptxas spilled about 700 bytes of them); it runs once per request.
+      const int valid_rows = it.m.kv_len - k0;
+      first += k0 * stride_token;
+#pragma unroll 1
+      for (int idx = threadIdx.x; idx < KV_TILE * CHUNKS; idx += WS_PRODUCER_THREADS) {
+        const int row = idx / CHUNKS, chunk = idx % CHUNKS;
+        const bool valid = row < valid_rows;
+        cp_async_16(tile.chunk_addr(row, chunk), first + (valid ? row * stride_token : 0) + chunk * (16 / sizeof(DTypeIn)),
+                    valid);
+      }
+    }
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async_shared();
@@ -228,17 +267,20 @@ struct WsQ {
 // (A template on the n8 tiles of S, so that the product of the other width is not instantiated.)
 template <int NT>
 __device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
-  static_assert(NT * 8 == KV_TILE && (NT == 16) != WS_Q_IN_REGISTERS,
-                "S covers the tile's keys: 64 with Q in registers, 128 with Q in shared memory");
+  static_assert(NT * 8 == KV_TILE && (NT == 8 || !WS_Q_IN_REGISTERS),
+                "S covers the tile's keys: 64 with Q in registers, 64 or 128 with Q in shared memory");
   const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
   const WgmmaDesc a = WgmmaDesc::sw128(q.group_rows, 16, SW128_GROUP_BYTES);
 #pragma unroll
   for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) {
     const u64_t k_desc = k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32);
+    const u64_t q_desc = a.at((kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32);
     if constexpr (NT == 16) {
-      wgmma_m64n128k16_ss(s[0], a.at((kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32), k_desc, kk > 0);
-    } else {
+      wgmma_m64n128k16_ss(s[0], q_desc, k_desc, kk > 0);
+    } else if constexpr (WS_Q_IN_REGISTERS) {
       wgmma_m64n64k16_rs_kmajor(s[0], q.frags[kk], k_desc, kk > 0);
+    } else {
+      wgmma_m64n64k16_ss<DTypeIn>(reinterpret_cast<float(&)[8][4]>(s[0]), q_desc, k_desc, kk > 0);
     }
   }
   wgmma_commit();
@@ -272,8 +314,8 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   auto q_tile = [&](int buf) { return QTile{smem_base + static_cast<u32_t>(buf * Q_TILE_BYTES)}; };
   const u32_t k_base = smem_base + WS_Q_TILES * Q_TILE_BYTES;
   const u32_t v_base = k_base + WS_STAGES * K_TILE_BYTES;
-  const u32_t o_stage = v_base + WS_STAGES * V_TILE_BYTES;
-  const WsRing ring{k_base, v_base, o_stage + O_STAGE_BYTES};
+  const u32_t o_stage = WS_OUTPUT_IN_Q_TILE ? q_tile(0).base : v_base + WS_STAGES * V_TILE_BYTES;
+  const WsRing ring{k_base, v_base, v_base + WS_STAGES * V_TILE_BYTES + O_STAGE_BYTES};
   static_assert(WsRing::BARRIER_BYTES == 4 * WS_STAGES * 8, "the ring's barriers as WS_SMEM_BYTES counts them");
   if (threadIdx.x == 0) ring.init(NUM_THREADS);
   __syncthreads();
@@ -318,7 +360,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       fence_proxy_async_shared();
     }
     const int next = i + gridDim.x;
-    {
+    if constexpr (WS_Q_AHEAD) {
       WsItem after;
       if (ws_item(p, next, after)) ws_load_q_async(p, after, q_tile(WS_Q_TILES - 1 - q_buf), cwarp, lane);
     }
@@ -393,20 +435,47 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     // clobbers keep the compiler from reusing the first reads): the consumers' registers are
     // the loop's.
     ws_item(p, i, it);
-    const RowCoords out_rows = it.tile.row_coords(warp_rows, lane_id());
+    // With the output staged in the Q tile (head dims 256 and (192, 128)), this thread's rows and
+    // lane are read afresh too: the staging addresses derive from them, which ptxas otherwise
+    // computed before the loop and spilled (up to 476 bytes at 256, `attnforge compile --arch
+    // sm_90a --filter ws2q1kv64`). Elsewhere the kernels keep the code they were measured with.
+    WarpRows out_warp_rows = warp_rows;
+    int out_lane = lane, coords_lane;
+    if constexpr (WS_OUTPUT_IN_Q_TILE) {
+      const int tid = thread_index();
+      const int out_warp = tid / 32 - WS_PRODUCER_THREADS / 32;
+      out_warp_rows = WarpRows{(out_warp / 4) * WARPGROUP_ROWS + (out_warp % 4) * 16};
+      out_lane = coords_lane = tid % 32;
+    } else {
+      coords_lane = lane_id();
+    }
+    const RowCoords out_rows = it.tile.row_coords(out_warp_rows, coords_lane);
     float sink_log2[MMA_Q][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       sink_log2[0][h] = VARIANT_HAS_SINK ? LOG2E * sink_logit(p.variant, out_rows.head[0][h]) : 0.0f;
     float lse[MMA_Q][2];
-    softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
-    // Staged through this warp's own rows of the output stage (not the Q tile, which already
-    // receives the next item's rows).
-    store_output(p, it.tile, out_rows, it.qo_start, warp_rows, lane, o_bytes, SmemTile<VO_CHUNKS>{o_stage}, o,
-                 lse);
+    if (p.kv_chunk > 0) {
+      // A split plan: the chunk's partial result, from the registers, without the sink (the
+      // merge adds it once).
+      softmax.finish<false>(o, sink_log2, lse);
+      store_partial(p, out_rows, it.qo_start, it.chunk, out_lane, o, lse);
+    } else {
+      softmax.finish<VARIANT_HAS_SINK>(o, sink_log2, lse);
+      // Staged through this warp's own rows of the output stage: a region of its own, since the
+      // Q tile already receives the next item's rows; or the Q tile, whose rows of this
+      // warpgroup its products no longer read (each of its threads waited for its last
+      // S = Q K^T before the turn barrier of its last P V), and which then takes the warp's rows
+      // of the next item.
+      store_output(p, it.tile, out_rows, it.qo_start, out_warp_rows, out_lane, o_bytes, OStage{o_stage}, o, lse);
+    }
     i = next;
     q_buf = WS_Q_TILES - 1 - q_buf;
     more = ws_item(p, i, it);
+    if constexpr (!WS_Q_AHEAD) {
+      __syncwarp();  // the staged rows read by every lane before the copies overwrite them
+      if (more) ws_load_q_async(p, it, q_tile(0), cwarp, lane);
+    }
   }
 }
 

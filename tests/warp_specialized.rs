@@ -1,11 +1,15 @@
 //! The warp-specialised tiles (`ws{stages}q1kv{keys}`, kernels/prefill_ws.cuh): their labels, what they
 //! refuse (with an error naming what they support), their place in the compile matrix (sm_90a
-//! only), and their rendered source and shared memory.
+//! only), their rendered source and shared memory, and the head-dim-256 kernels' spills.
 
-use attnforge::codegen::{compile_matrix, render, KernelSpec, KvCache, TileConfig};
-use attnforge::jit::Arch;
+mod jit_support;
+
+use attnforge::codegen::{compile_matrix, render, KernelSpec, KvCache, TileConfig, VariantSpec};
+use attnforge::jit::compile::compile;
+use attnforge::jit::{Arch, CompileOptions, KernelSource};
 use attnforge::problem::MaskKind;
 use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch};
+use jit_support::nvrtc;
 
 fn ws() -> TileConfig {
     TileConfig::warp_specialized(TileConfig::WARP_SPECIALIZED_STAGES, 64)
@@ -46,7 +50,7 @@ fn labels_round_trip_and_bad_ones_are_refused() {
 }
 
 #[test]
-fn it_runs_on_sm90a_only_and_at_head_dims_64_and_128() {
+fn it_runs_on_sm90a_only_at_head_dims_64_128_256_and_192_128() {
     let t = ws();
     for d in [64, 128] {
         let dims = HeadDims::equal(d).unwrap();
@@ -54,24 +58,58 @@ fn it_runs_on_sm90a_only_and_at_head_dims_64_and_128() {
         assert!(!t.runs_on(Arch::Sm80, dims) && !t.runs_on(Arch::Sm89, dims));
         assert_eq!(t.for_arch(Arch::Sm90a, dims), t);
     }
-    for dims in [
-        HeadDims::equal(256).unwrap(),
-        HeadDims::new(192, 128).unwrap(),
-    ] {
-        assert!(!t.runs_on(Arch::Sm90a, dims) && !t.supports_wgmma(dims));
-    }
+    // Four 64-key stages fit head dims (192, 128) only with the output staged in the Q tile,
+    // and head dim 256 not at all.
+    let d192 = HeadDims::new(192, 128).unwrap();
+    assert!(t.runs_on(Arch::Sm90a, d192) && t.ws_output_in_q_tile(d192));
+    let d256 = HeadDims::equal(256).unwrap();
+    assert!(!t.runs_on(Arch::Sm90a, d256) && !t.supports_wgmma(d256));
     assert!(t.supports(KvCache::Ragged) && !t.supports(KvCache::Paged));
     assert!(t.supports_qk_accum(QkAccum::F32) && !t.supports_qk_accum(QkAccum::F16));
-    assert!(!t.supports_kv_split());
+    assert!(!t.plans_kv_split());
     // Eight stages of head dim 128 do not fit one CTA's shared memory.
     let eight = TileConfig::parse("ws8q1kv64").unwrap();
     assert!(!eight.runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
     assert!(eight.runs_on(Arch::Sm90a, HeadDims::equal(64).unwrap()));
-    // 128-key tiles: two stages fit at head dim 128 (225 KB), three only at head dim 64.
+    // 128-key tiles at head dim 128: two stages fit beside an output stage and a second Q tile
+    // (225 KB); three only with the output staged in the Q tile (225 KB); four not at all.
+    let d128 = HeadDims::equal(128).unwrap();
     let three = TileConfig::parse("ws3q1kv128").unwrap();
-    assert!(ws128().runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
-    assert!(!three.runs_on(Arch::Sm90a, HeadDims::equal(128).unwrap()));
+    assert!(ws128().runs_on(Arch::Sm90a, d128) && !ws128().ws_output_in_q_tile(d128));
+    assert!(three.runs_on(Arch::Sm90a, d128) && three.ws_output_in_q_tile(d128));
+    assert!(!TileConfig::parse("ws4q1kv128")
+        .unwrap()
+        .runs_on(Arch::Sm90a, d128));
     assert!(three.runs_on(Arch::Sm90a, HeadDims::equal(64).unwrap()));
+    assert!(!three.ws_output_in_q_tile(HeadDims::equal(64).unwrap()));
+    // Head dim 256: 64-key tiles in two stages only, with the output staged in the Q tile.
+    let two = TileConfig::WARP_SPECIALIZED_D256;
+    assert_eq!(two.label(), "ws2q1kv64");
+    assert!(two.runs_on(Arch::Sm90a, d256) && !two.runs_on(Arch::Sm80, d256));
+    assert!(two.ws_output_in_q_tile(d256));
+    for other in ["ws3q1kv64", "ws4q1kv64", "ws2q1kv128"] {
+        assert!(
+            !TileConfig::parse(other).unwrap().runs_on(Arch::Sm90a, d256),
+            "{other}"
+        );
+    }
+    assert!(ws128().runs_on(Arch::Sm90a, d192) && ws128().ws_output_in_q_tile(d192));
+    // At head dims 64 and 128 each tile keeps an output stage of its own.
+    for d in [64, 128] {
+        let dims = HeadDims::equal(d).unwrap();
+        for t in [two, ws(), ws128()] {
+            assert!(!t.ws_output_in_q_tile(dims), "{} at {d}", t.label());
+        }
+    }
+    assert_eq!(
+        TileConfig::warp_specialized_tiles_for(d256),
+        vec![TileConfig::WARP_SPECIALIZED_D256]
+    );
+    assert_eq!(
+        TileConfig::warp_specialized_tiles_for(HeadDims::equal(128).unwrap()),
+        vec![ws(), ws128()]
+    );
+    assert_eq!(TileConfig::warp_specialized_tiles_for(d192), vec![ws128()]);
 }
 
 #[test]
@@ -101,6 +139,8 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
     qk16.qk_accum = QkAccum::F16;
     assert!(refused(&qk16, KvCache::Ragged).contains("QK"));
     assert!(KernelSpec::for_problem(&problem(64, DType::Bf16), KvCache::Ragged, ws()).is_ok());
+    let d256 = TileConfig::WARP_SPECIALIZED_D256;
+    assert!(KernelSpec::for_problem(&problem(256, DType::Bf16), KvCache::Ragged, d256).is_ok());
 }
 
 #[test]
@@ -109,10 +149,17 @@ fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
         .into_iter()
         .filter(|s| s.tile.warp_specialized)
         .collect();
-    // 2 tiles x 2 dtypes x 2 head dims x 4 masks x 5 variants.
-    assert_eq!(kernels.len(), 160);
+    // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 2 dtypes x 4 masks x 5
+    // variants.
+    assert_eq!(kernels.len(), 240);
     for s in &kernels {
-        assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
+        if s.head_dims.qk() == 256 {
+            assert_eq!(s.tile, TileConfig::WARP_SPECIALIZED_D256);
+        } else if s.head_dims.qk() == 192 {
+            assert_eq!(s.tile, ws128());
+        } else {
+            assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
+        }
         assert!(s.kv == KvCache::Ragged && s.qk_accum == QkAccum::F32);
         assert!(s.tile.runs_on(Arch::Sm90a, s.head_dims));
         assert!(s.copies_kv_by_tma());
@@ -157,7 +204,7 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
     // output stage, eight mbarriers, the alignment slack.
     let wide = render(&KernelSpec {
         tile: ws128(),
-        ..spec
+        ..spec.clone()
     });
     assert!(wide.source.contains("constexpr int KV_TILE = 128;"));
     assert!(wide.source.contains("constexpr int WS_KV_STAGES = 2;"));
@@ -165,4 +212,61 @@ fn its_source_runs_the_warp_specialised_cta_with_the_ring_in_shared_memory() {
         wide.smem_bytes,
         2 * 128 * 256 + 2 * 128 * 512 + 128 * 256 + 8 * 8 + 1024
     );
+    assert!(wide
+        .source
+        .contains("constexpr bool WS_OUTPUT_IN_Q_TILE = false;"));
+    // Head dim 256: one Q tile (128 rows of 512 bytes), which also stages the output, two
+    // stages of K and V (64 rows each), eight mbarriers, the alignment slack.
+    let d256 = render(&KernelSpec {
+        tile: TileConfig::WARP_SPECIALIZED_D256,
+        head_dims: HeadDims::equal(256).unwrap(),
+        ..spec
+    });
+    assert!(d256
+        .source
+        .contains("constexpr bool WS_OUTPUT_IN_Q_TILE = true;"));
+    assert_eq!(d256.smem_bytes, 128 * 512 + 2 * 64 * 1024 + 8 * 8 + 1024);
+}
+
+/// The head-dim-256 kernels compile for sm_90a within their spill budget and with their wgmma
+/// products asynchronous: the plain causal one and the soft-cap one, whose transform adds the
+/// most registers beside the 128 output accumulators (`attnforge compile --arch sm_90a --filter
+/// ws2q1kv64` covers the rest).
+#[test]
+fn head_dim_256_kernels_compile_within_their_spill_budget() {
+    let Some(nvrtc) = nvrtc() else { return };
+    for variant in [VariantSpec::None, VariantSpec::SoftCap] {
+        let spec = compile_matrix()
+            .into_iter()
+            .find(|s| {
+                s.tile == TileConfig::WARP_SPECIALIZED_D256
+                    && s.head_dims.qk() == 256
+                    && s.input_dtype == DType::Bf16
+                    && s.mask == MaskKind::Causal
+                    && s.variant == variant
+            })
+            .unwrap();
+        let r = render(&spec);
+        let src = KernelSource {
+            name: &r.name,
+            entry: &r.entry,
+            source: &r.source,
+            snippets: &r.snippets,
+        };
+        let compiled = compile(&nvrtc, &src, &CompileOptions::new(Arch::Sm90a))
+            .unwrap_or_else(|e| panic!("{}: {e}", r.name));
+        let report = &compiled.report;
+        let spills = report.spill_store_bytes.max(report.spill_load_bytes);
+        assert!(
+            spills <= u64::from(r.spill_budget_bytes),
+            "{}: {spills} bytes spilled, budget {}",
+            r.name,
+            r.spill_budget_bytes
+        );
+        assert_eq!(
+            r.spill_budget_bytes,
+            TileConfig::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES
+        );
+        assert!(report.wgmma_serialized.is_none(), "{}", r.name);
+    }
 }

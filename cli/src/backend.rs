@@ -7,7 +7,7 @@
 
 use attnforge::codegen::TileConfig;
 use attnforge::cpu::CpuBackend;
-use attnforge::cuda::{driver_present, CudaBackend};
+use attnforge::cuda::{driver_present, CudaBackend, SplitChoice};
 use attnforge::jit::Arch;
 use attnforge::verify::Backend;
 
@@ -40,20 +40,27 @@ impl BackendKind {
     /// device's (`None`: the device's); a CPU backend with `tiles_of` is an error (it has one
     /// tiling).
     pub fn open_with_tiles_of(self, tiles_of: Option<Arch>) -> Result<Box<dyn Backend>, String> {
-        self.open_with(tiles_of, None)
+        self.open_with(tiles_of, None, None)
     }
 
     /// [`open_with_tiles_of`](Self::open_with_tiles_of), the CUDA backend computing every
-    /// problem with `tile` when one is given (a CPU backend with one is an error).
+    /// problem with `tile` when one is given and splitting every KV range into chunks of
+    /// `split_keys` keys when that is given (a CPU backend with either is an error).
     pub fn open_with(
         self,
         tiles_of: Option<Arch>,
         tile: Option<TileConfig>,
+        split_keys: Option<usize>,
     ) -> Result<Box<dyn Backend>, String> {
         if let (BackendKind::Cpu, Some(tile)) = (self, tile) {
             return Err(format!(
                 "--tile {} is a GPU tile; the cpu backend has none (use --backend cuda)",
                 tile.label()
+            ));
+        }
+        if let (BackendKind::Cpu, Some(keys)) = (self, split_keys) {
+            return Err(format!(
+                "--split-keys {keys} splits GPU plans; the cpu backend has none (use --backend cuda)"
             ));
         }
         match (self, tiles_of) {
@@ -71,6 +78,10 @@ impl BackendKind {
                 };
                 let backend = match tile {
                     Some(tile) => backend.with_tile(tile),
+                    None => backend,
+                };
+                let backend = match split_keys {
+                    Some(keys) => backend.with_split(SplitChoice::ChunkKeys(keys)),
                     None => backend,
                 };
                 Ok(Box::new(backend))

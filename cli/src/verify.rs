@@ -125,6 +125,12 @@ pub struct VerifyArgs {
     /// out, and the header line counts them; the planner's tile otherwise.
     #[arg(long, value_parser = parse_tile)]
     tile: Option<TileConfig>,
+    /// Split every case's KV range into chunks of this many keys rather than as the planner
+    /// chooses (cuda backend only): the split path of a tile the planner never splits, e.g.
+    /// `--tile ws4q1kv64 --split-keys 256`. A positive multiple of the kernels' KV tile (64 or
+    /// 128); a case whose kernel it does not suit fails with the plan's error.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    split_keys: Option<u64>,
 }
 
 /// Whether `tile` can compute the kernel of `case` (`None`: the planner's tile, always).
@@ -167,7 +173,11 @@ fn report(result: &CaseResult, seed: u64, verbose: bool) {
 /// Runs the suite; see the module doc.
 pub fn run(args: VerifyArgs) -> ExitCode {
     let kind = args.backend.unwrap_or_else(BackendKind::best);
-    let backend = match kind.open_with(args.tiles_of, args.tile) {
+    let backend = match kind.open_with(
+        args.tiles_of,
+        args.tile,
+        args.split_keys.map(|k| k as usize),
+    ) {
         Ok(b) => b,
         Err(why) => {
             eprintln!("error: {why}");
@@ -192,6 +202,11 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             "verify: --tile {} leaves out {} of the {named_count} cases (a kernel it cannot compute)",
             tile.label(),
             named_count - selected.len()
+        );
+    }
+    if let Some(keys) = args.split_keys {
+        println!(
+            "verify: every plan splits the KV range into chunks of {keys} keys (--split-keys)"
         );
     }
     let merges: Vec<MergeCase> = merge_cases(suite, args.seed)

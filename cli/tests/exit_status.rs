@@ -1,5 +1,6 @@
 //! Exit statuses of the CLI without a GPU: `attnforge verify` on the CPU backend succeeds when the
-//! selected cases pass and fails when `--filter` selects none (nothing verified is not a pass);
+//! selected cases pass and fails when `--filter` selects none (nothing verified is not a pass) or
+//! a GPU-only option is given (`--split-keys`);
 //! `attnforge bench` fails when no shape is selected, before it looks for a GPU.
 
 use std::process::Command;
@@ -27,6 +28,17 @@ fn a_filter_that_selects_nothing_fails() {
     assert!(!out.status.success());
     assert!(
         stderr.contains("--filter \"no-such-case\"") && stderr.contains("nothing was verified"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_split_on_the_cpu_backend_is_an_error() {
+    let out = verify(&["--split-keys", "256"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--split-keys 256") && stderr.contains("use --backend cuda"),
         "{stderr}"
     );
 }

@@ -97,11 +97,9 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                 for mask in MaskKind::ALL {
                     for variant in &variants {
                         for kv in KvCache::ALL {
-                            let ws = TileConfig::warp_specialized_tiles().filter(|ws| {
-                                ws.supports(kv)
-                                    && ws.supports_qk_accum(qk_accum)
-                                    && ws.supports_wgmma(head_dims)
-                            });
+                            let ws = TileConfig::warp_specialized_tiles_for(head_dims)
+                                .into_iter()
+                                .filter(|ws| ws.supports(kv) && ws.supports_qk_accum(qk_accum));
                             for tile in TileConfig::candidates(head_dims, qk_accum, kv)
                                 .into_iter()
                                 .chain(ws)

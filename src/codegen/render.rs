@@ -95,7 +95,7 @@ pub struct RenderedKernel {
     pub name: String,
     /// File name the generated source's `#line` directives use.
     pub file_name: String,
-    /// Register spill bytes this kernel is declared to allow ([`TileConfig::SPILL_BUDGET_BYTES`]).
+    /// Register spill bytes this kernel is declared to allow ([`TileConfig::spill_budget_bytes`]).
     pub spill_budget_bytes: u32,
     /// Where the variant's snippets sit in `source`.
     pub snippets: Vec<SnippetSpan>,
@@ -169,7 +169,11 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
     let (kv_stages, ws_stages) = if spec.tile.warp_specialized {
         (
             2,
-            format!("constexpr int WS_KV_STAGES = {};\n", spec.tile.kv_stages),
+            format!(
+                "constexpr int WS_KV_STAGES = {};\nconstexpr bool WS_OUTPUT_IN_Q_TILE = {};\n",
+                spec.tile.kv_stages,
+                spec.tile.ws_output_in_q_tile(spec.head_dims)
+            ),
         )
     } else {
         (spec.tile.kv_stages, String::new())
@@ -250,7 +254,7 @@ pub fn render(spec: &KernelSpec) -> RenderedKernel {
         merge_entry,
         name,
         file_name,
-        spill_budget_bytes: TileConfig::SPILL_BUDGET_BYTES,
+        spill_budget_bytes: spec.tile.spill_budget_bytes(spec.head_dims),
         snippets,
         threads: spec.tile.threads(),
         smem_bytes,

@@ -148,7 +148,8 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
 }
 
 /// Refuses a problem the warp-specialised tile cannot compute, saying what it can: ragged K/V,
-/// f32 QK accumulation, head dims 64 and 128 (the ring in one CTA's shared memory).
+/// f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (the ring in one CTA's shared
+/// memory).
 fn check_warp_specialized(
     problem: &AttentionProblem,
     kv: KvCache,
@@ -169,7 +170,7 @@ fn check_warp_specialized(
             backend: "cuda",
             what: format!("the warp-specialised tile {} with {what}", tile.label()),
             supported:
-                "ragged K/V, f32 QK accumulation, head dims 64 and 128 (a ring of at most 227 KB)"
+                "ragged K/V, f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
                     .into(),
         }),
     }

@@ -80,20 +80,31 @@ impl TileConfig {
 
     /// Dynamic shared memory: the Q tile and `kv_stages` K and V tiles each.
     pub fn smem_bytes(self, dims: HeadDims) -> u32 {
+        self.smem_bytes_staging(dims, self.ws_output_in_q_tile(dims))
+    }
+
+    /// [`smem_bytes`](Self::smem_bytes) with the warp-specialised output staged in the Q tile
+    /// or not.
+    fn smem_bytes_staging(self, dims: HeadDims, output_in_q_tile: bool) -> u32 {
         let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
         let align_slack = if self.wgmma { WGMMA_ALIGN_SLACK } else { 0 };
         // The warp-specialised tile adds its ring's barriers (full and empty, of K and of V, per
-        // stage) and an output stage of its own (its Q tile takes the next work item's rows
-        // while the output is stored); with 128-key tiles, whose products read Q from shared
-        // memory, a second Q tile for the next item.
+        // stage) and, unless the output is staged in the Q tile, an output stage of its own (its
+        // Q tile takes the next work item's rows while the output is stored) and, where the
+        // products read Q from shared memory, a second Q tile for the next item.
         let ws_extra = if self.warp_specialized {
-            let next_q = if self.kv_tile == 128 {
-                self.cta_q() * qk_row
-            } else {
+            let own_stage = if output_in_q_tile {
                 0
+            } else {
+                let next_q = if self.ws_q_in_registers(dims) {
+                    0
+                } else {
+                    self.cta_q() * qk_row
+                };
+                self.cta_q() * vo_row + next_q
             };
-            4 * self.kv_stages * MBARRIER_BYTES + self.cta_q() * vo_row + next_q
+            4 * self.kv_stages * MBARRIER_BYTES + own_stage
         } else {
             0
         };
@@ -101,6 +112,25 @@ impl TileConfig {
             + self.kv_stages * self.kv_tile * (qk_row + vo_row)
             + align_slack
             + ws_extra
+    }
+
+    /// Whether the warp-specialised consumers hold Q in registers, as the A fragments of
+    /// S = Q K^T (`WS_Q_IN_REGISTERS` in kernels/prefill_ws.cuh): with 64-key tiles at head dims
+    /// up to 128; otherwise the logits of a 128-key tile, or head dim 256's output, take those
+    /// registers and the products read Q from shared memory.
+    fn ws_q_in_registers(self, dims: HeadDims) -> bool {
+        self.kv_tile == 64 && dims.qk() <= 128
+    }
+
+    /// Whether a warp-specialised tile stages its output in the Q tile rather than in a region
+    /// of its own (`WS_OUTPUT_IN_Q_TILE` in kernels/prefill_ws.cuh): where the products read Q
+    /// from shared memory and that region, with a second Q tile for the next work item, would
+    /// not fit one CTA's shared memory (head dim 256). The next item's Q rows then follow the
+    /// output's stores instead of arriving during the item.
+    pub fn ws_output_in_q_tile(self, dims: HeadDims) -> bool {
+        self.warp_specialized
+            && !self.ws_q_in_registers(dims)
+            && self.smem_bytes_staging(dims, false) > MAX_SHARED_MEMORY_PER_CTA_SM90
     }
 
     /// Whether this tile can compute a kernel with these head dims: always without wgmma; with
@@ -112,11 +142,15 @@ impl TileConfig {
         !self.wgmma || matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128) | (256, 256))
     }
 
-    /// Whether this warp-specialised tile can compute a kernel with these head dims: 64 and
-    /// 128, with the ring in one CTA's shared memory on sm_90a.
+    /// Whether this warp-specialised tile can compute a kernel with these head dims: 64, 128,
+    /// 256 and (192, 128), with the ring in one CTA's shared memory on sm_90a (at 256 only
+    /// 64-key tiles in two stages fit, at (192, 128) 128-key tiles in two stages or 64-key
+    /// tiles in up to three, each with the output staged in the Q tile).
     fn supports_warp_specialized(self, dims: HeadDims) -> bool {
-        matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128))
-            && self.smem_bytes(dims) <= MAX_SHARED_MEMORY_PER_CTA_SM90
+        matches!(
+            (dims.qk(), dims.vo()),
+            (64, 64) | (128, 128) | (256, 256) | (192, 128)
+        ) && self.smem_bytes(dims) <= MAX_SHARED_MEMORY_PER_CTA_SM90
     }
 
     /// The tile to run on `arch`: on sm_90a, this tile's wgmma twin where the kernel supports
@@ -193,9 +227,11 @@ impl TileConfig {
         !self.warp_specialized || qk_accum == QkAccum::F32
     }
 
-    /// Whether a plan may split the KV range over several CTAs with this tile: not with the
-    /// warp-specialised tile, which writes no partial results.
-    pub fn supports_kv_split(self) -> bool {
+    /// Whether the planner splits the KV range over several CTAs with this tile on its own
+    /// (`choose_kv_split`): not with the warp-specialised tile, whose split runs only when a plan
+    /// asks for one (`SplitChoice::ChunkKeys`), since the split heuristic was measured with the
+    /// other tiles. Every tile can write a split's partial results.
+    pub fn plans_kv_split(self) -> bool {
         !self.warp_specialized
     }
 
@@ -231,11 +267,34 @@ impl TileConfig {
     /// `docs/kernel-design.md`, `attnforge bench --filter bf16-d128 --tile ws2q1kv128`).
     pub const PLANNED_WARP_SPECIALIZED: TileConfig = Self::warp_specialized(2, 128);
 
+    /// The warp-specialised tile of head dim 256, where none of
+    /// [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) fits: 64-key tiles in two stages (64 KB of
+    /// Q, 128 KB of ring; its output staged in the Q tile).
+    pub const WARP_SPECIALIZED_D256: TileConfig = Self::warp_specialized(2, 64);
+
     /// The warp-specialised tiles of the compile matrix ([`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED)).
     pub fn warp_specialized_tiles() -> impl Iterator<Item = TileConfig> {
         Self::WARP_SPECIALIZED
             .into_iter()
             .map(|(stages, keys)| Self::warp_specialized(stages, keys))
+    }
+
+    /// The warp-specialised tiles of the compile matrix that compute `dims`: at head dims 64
+    /// and 128 those of [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) (that fit); at the others
+    /// one tile, the planner's kind ([`PLANNED_WARP_SPECIALIZED`](Self::PLANNED_WARP_SPECIALIZED))
+    /// where it fits ((192, 128), with the output staged in the Q tile), else
+    /// [`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256) where that fits (256).
+    pub fn warp_specialized_tiles_for(dims: HeadDims) -> Vec<TileConfig> {
+        if matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128)) {
+            return Self::warp_specialized_tiles()
+                .filter(|t| t.supports_wgmma(dims))
+                .collect();
+        }
+        [Self::PLANNED_WARP_SPECIALIZED, Self::WARP_SPECIALIZED_D256]
+            .into_iter()
+            .find(|t| t.supports_wgmma(dims))
+            .into_iter()
+            .collect()
     }
 
     /// Name fragment, e.g. `w4q2kv64`, `w4q2kv64s32` when computed in sub-tiles,
@@ -400,6 +459,25 @@ impl TileConfig {
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
     /// --arch sm_90a,sm_80` lists every kernel's spills and fails one past the budget.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
+
+    /// The spill budget of the warp-specialised head-dim-256 kernels
+    /// ([`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256)): each consumer thread holds 128
+    /// output accumulators, 32 logits and 16 registers of P at most 240 registers, and ptxas
+    /// spills 8-92 bytes (ALiBi) and 104-172 bytes (soft-cap: eight local loads per 64-key tile in
+    /// the main loop, the rest in the per-item set-up and epilogue), NVRTC 13, `attnforge compile
+    /// --arch sm_90a --filter ws2q1kv64`.
+    pub const WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES: u32 = 192;
+
+    /// The spill budget of a kernel of this tile at `dims`: [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES),
+    /// or [`WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES`](Self::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES)
+    /// for the warp-specialised tile at head dim 256.
+    pub fn spill_budget_bytes(self, dims: HeadDims) -> u32 {
+        if self.warp_specialized && dims.qk() == 256 {
+            Self::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES
+        } else {
+            Self::SPILL_BUDGET_BYTES
+        }
+    }
 
     /// The row tiles of [`candidates`](Self::candidates) (each warp its own query rows), widest
     /// first.

@@ -32,6 +32,8 @@ pub struct CudaBackend {
     tiles_of: Option<Arch>,
     /// The tile every plan takes, whatever the case asks (`None`: the case's request).
     tile: Option<TileConfig>,
+    /// How every plan splits the KV range (but the opposite-split runs of paged cases).
+    split: SplitChoice,
     /// The compile [`Backend::prepare`] started, kept so that dropping the backend stops it
     /// (see `prepare`).
     background: Mutex<StoppingCompile>,
@@ -44,6 +46,7 @@ impl CudaBackend {
             engine: Engine::new(ordinal)?,
             tiles_of: None,
             tile: None,
+            split: SplitChoice::Planned,
             background: Mutex::new(StoppingCompile(None)),
         })
     }
@@ -55,6 +58,13 @@ impl CudaBackend {
             tile: Some(tile),
             ..self
         }
+    }
+
+    /// This backend splitting every plan's KV range as `split` says rather than as the planner
+    /// chooses (`verify --split-keys`: the split path of a tile the planner never splits); the
+    /// opposite-split runs of paged cases keep their own split.
+    pub fn with_split(self, split: SplitChoice) -> CudaBackend {
+        CudaBackend { split, ..self }
     }
 
     /// This backend planning the tiles of `arch` rather than the device's (see
@@ -212,7 +222,7 @@ impl Backend for CudaBackend {
         v: &HostTensor,
         tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
-        let options = self.options(problem, KvCache::Ragged, tile, SplitChoice::Planned)?;
+        let options = self.options(problem, KvCache::Ragged, tile, self.split)?;
         self.engine
             .prefill_host_with_options(problem, q, k, v, options)
     }
@@ -250,8 +260,7 @@ impl Backend for CudaBackend {
             let tile = match self.requested_tile(&case.problem, kv, case.tile) {
                 Ok(Some(tile)) => tile,
                 Ok(None) => {
-                    let persistent =
-                        persistent_plannable(&case.problem, kv, SplitChoice::Planned, false);
+                    let persistent = persistent_plannable(&case.problem, kv, self.split, false);
                     choose_tile_on(&case.problem, kv, sm_count, self.arch(), persistent)
                 }
                 // Reported by the case's run.
@@ -340,9 +349,9 @@ impl Backend for CudaBackend {
         tile: TileRequest,
     ) -> Result<AttentionOutput, Error> {
         let (mode, split) = match run {
-            PagedRun::Direct => (PagedRunMode::Direct, SplitChoice::Planned),
-            PagedRun::GraphReplay => (PagedRunMode::GraphReplay, SplitChoice::Planned),
-            PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, SplitChoice::Planned),
+            PagedRun::Direct => (PagedRunMode::Direct, self.split),
+            PagedRun::GraphReplay => (PagedRunMode::GraphReplay, self.split),
+            PagedRun::DeviceAppend => (PagedRunMode::DeviceAppend { k, v }, self.split),
             PagedRun::OppositeSplit => (PagedRunMode::Direct, self.opposite_split(p)?),
         };
         let options = self.options(p.problem(), KvCache::Paged, tile, split)?;

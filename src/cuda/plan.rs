@@ -296,7 +296,7 @@ impl KernelPlan {
         let split = match &capacity {
             Some(cap) => graph_split(problem, cap, (cta_q, kv_tile, split_slots), options.split)?,
             None => {
-                let planned = if spec.tile.supports_kv_split() {
+                let planned = if spec.tile.plans_kv_split() {
                     choose_kv_split(problem, cta_q, kv_tile, split_slots)
                 } else {
                     None
@@ -305,15 +305,6 @@ impl KernelPlan {
                 options.split.resolve(planned, max_kv, kv_tile)?
             }
         };
-        if split.is_some() && !spec.tile.supports_kv_split() {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                what: format!("a split KV range with tile {}", spec.tile.label()),
-                supported:
-                    "unsplit plans with the warp-specialised tile (it writes no partial results)"
-                        .into(),
-            });
-        }
         let graph = capacity.map(|cap| GraphState {
             capacity: cap,
             items: work_capacity(

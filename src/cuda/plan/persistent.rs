@@ -8,7 +8,8 @@ use crate::cuda::tma::{check_addressable, KvView};
 use crate::problem::AttentionProblem;
 
 /// Whether the planner may take the warp-specialised tile for `problem` over K/V from `kv` with
-/// `split` (`choose_tile_on`): its persistent launch writes no partial results (no KV split), a
+/// `split` (`choose_tile_on`): not with a split asked for (the planner keeps the split it has
+/// measured, that of the other tiles; `--tile` still runs the warp-specialised one split), a
 /// graph-stable plan gives its kernel no tensor maps (the maps hold the batch's key count), and
 /// every K/V tile arrives by TMA, so an unsplit plan that is not `graph_stable`, over ragged K/V
 /// whose views the accelerator can address. A view's address is known to be aligned at plan
