@@ -453,7 +453,7 @@ impl TileConfig {
     /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
     /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies' addresses
     /// beside the accumulators) and warp-specialised head-dim-128 ones (the custom mask's, up to
-    /// 96 B with `ws2q1kv128`; soft-cap and ALiBi 4-24 B); no kernel serializes its wgmma. Code
+    /// 68 B with `ws2q1kv128`; soft-cap 12-20 B); no kernel serializes its wgmma. Code
     /// that removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
@@ -463,9 +463,9 @@ impl TileConfig {
     /// The spill budget of the warp-specialised head-dim-256 kernels
     /// ([`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256)): each consumer thread holds 128
     /// output accumulators, 32 logits and 16 registers of P at most 240 registers, and ptxas
-    /// spills 8-92 bytes (ALiBi) and 104-172 bytes (soft-cap: eight local loads per 64-key tile in
-    /// the main loop, the rest in the per-item set-up and epilogue), NVRTC 13, `attnforge compile
-    /// --arch sm_90a --filter ws2q1kv64`.
+    /// spills 8-72 bytes, 92-140 with soft-cap or a window's ALiBi (local loads in the main loop,
+    /// the rest in the per-item set-up and epilogue), NVRTC 13, `attnforge compile --arch sm_90a
+    /// --filter ws2q1kv64`.
     pub const WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES: u32 = 192;
 
     /// The spill budget of a kernel of this tile at `dims`: [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES),
