@@ -165,11 +165,12 @@ pub(crate) fn choose_kv_split(
 ///
 /// When `persistent` allows it (an unsplit plan that is not graph-stable, over K/V views the
 /// tensor memory accelerator can address: `plan::persistent_plannable`), the warp-specialised
-/// tile [`TileConfig::PLANNED_WARP_SPECIALIZED`] competes too, at head dim 128 and without a
-/// custom mask (whose kernels of that tile spill, and which no benchmark has timed): one CTA of 128
+/// tile competes too, without a custom mask (whose kernels of that tile spill, and which no
+/// benchmark has timed): at head dim 128 [`TileConfig::PLANNED_WARP_SPECIALIZED`], one CTA of 128
 /// rows per SM, unsplit, each key costing half a widest-tile slot's divided by
 /// [`WARP_SPECIALIZED_RATE`], and each causal tile paying for the keys of its last 128-key tile
-/// that the mask hides.
+/// that the mask hides; at head dim 256 [`TileConfig::WARP_SPECIALIZED_D256`], also one CTA of
+/// 128 rows per SM, at [`WARP_SPECIALIZED_D256_GAIN`] times the one-CTA wide tile's rate.
 pub(crate) fn choose_tile_on(
     problem: &AttentionProblem,
     kv: KvCache,
@@ -215,26 +216,34 @@ pub(crate) fn choose_tile_on(
             best = Some((finish, tile));
         }
     }
-    let ws = TileConfig::PLANNED_WARP_SPECIALIZED;
-    let ws_eligible = persistent
-        && dims.qk() == 128
-        && !matches!(problem.mask, Mask::Custom(_))
-        && ws.runs_on(arch, dims)
-        && ws.supports(kv)
-        && ws.supports_qk_accum(problem.qk_accum);
-    if ws_eligible {
-        let resident = ws.resident_ctas(dims, arch);
-        let share = ws.cta_q() as f64 / widest;
-        let finish = makespan(
-            problem,
-            ws.cta_q() as usize,
-            ws.kv_tile as usize,
-            None,
-            sm_count * resident as usize,
-            key_cost(share, resident, WARP_SPECIALIZED_RATE),
-        );
-        if best.is_none_or(|(f, _)| finish < f) {
-            best = Some((finish, ws));
+    let planned_ws = match (dims.qk(), dims.vo()) {
+        (128, 128) => Some((TileConfig::PLANNED_WARP_SPECIALIZED, WARP_SPECIALIZED_RATE)),
+        (256, 256) => Some((
+            TileConfig::WARP_SPECIALIZED_D256,
+            ONE_CTA_WIDE_TILE_RATE * WARP_SPECIALIZED_D256_GAIN,
+        )),
+        _ => None,
+    };
+    if let Some((ws, rate)) = planned_ws {
+        let eligible = persistent
+            && !matches!(problem.mask, Mask::Custom(_))
+            && ws.runs_on(arch, dims)
+            && ws.supports(kv)
+            && ws.supports_qk_accum(problem.qk_accum);
+        if eligible {
+            let resident = ws.resident_ctas(dims, arch);
+            let share = ws.cta_q() as f64 / widest;
+            let finish = makespan(
+                problem,
+                ws.cta_q() as usize,
+                ws.kv_tile as usize,
+                None,
+                sm_count * resident as usize,
+                key_cost(share, resident, rate),
+            );
+            if best.is_none_or(|(f, _)| finish < f) {
+                best = Some((finish, ws));
+            }
         }
     }
     best.map_or(key_split, |(_, t)| t)
@@ -293,6 +302,15 @@ const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 /// 128-key tiles, which the simulation counts apart (`attnforge bench --filter d128 --tile
 /// ws2q1kv128` against the same command without `--tile`).
 const WARP_SPECIALIZED_RATE: f64 = 1.035;
+
+/// Rows per second per SM of the warp-specialised head-dim-256 tile (`ws2q1kv64`) against the
+/// one-CTA wide tile (`w8q1kv64g`): the lowest of 1.06 to 1.13 measured at bf16, 32 heads, causal
+/// seq 4096 and 16384 and non-causal 8192 on an H100 (`attnforge bench --all --filter
+/// bf16-d256 --tile ws2q1kv64` against the same command without `--tile`). With it the planner
+/// takes that tile on every bf16 head-dim-256 shape of the grid, and each was faster for it, A B
+/// B A on an H100 (`python3 bench/ab.py` against the planner before): +2.2% to +4.6% at seq 512,
+/// +3.4% to +6.8% at 1024, +4.2% to +13.4% from 2048 on (18 shapes, 32/32 and 32/8 heads).
+const WARP_SPECIALIZED_D256_GAIN: f64 = 1.06;
 
 /// The cost of one key for a CTA of the widest row tile, in the simulation's units
 /// (thousandths of a key).
@@ -743,8 +761,8 @@ mod tests {
         assert_eq!(tile(&[(40, 40)], 8, 8, Mask::None), (64, false));
     }
 
-    // The warp-specialised tile where the planner may take it (an unsplit, not graph-stable
-    // plan over addressable K/V): the long prefills, which it ran 1.5% to 5% faster on the H200,
+    // The warp-specialised tiles where the planner may take them (an unsplit, not graph-stable
+    // plan over addressable K/V). At head dim 128: the long prefills, which it ran 1.5% to 5% faster on the H200,
     // and the short ones whose 128-row tiles leave slots idle, where its persistent CTAs and
     // single wave measured +12% (non-causal s512) and +16% (causal s1024); not causal s2048 or
     // s4096 (-3% to +1.4%), where the masked half of each diagonal 128-key tile costs what the
@@ -788,7 +806,20 @@ mod tests {
             tile(&[(4096, 4096)], 8, Mask::Causal, 128, sm90, true),
             "w8q1kv64g"
         );
-        // Only head dim 128 (the one measured), only on sm_90a.
+        // At head dim 256 its own tile, on every shape of the grid, short ones too (measured
+        // faster on each); not at 64 (not measured), only on sm_90a.
+        for (s, hkv, mask) in [
+            (512, 32, Mask::Causal),
+            (512, 8, Mask::None),
+            (4096, 8, Mask::Causal),
+            (16384, 32, Mask::None),
+        ] {
+            assert_eq!(
+                tile(&[(s, s)], hkv, mask.clone(), 256, sm90, true),
+                "ws2q1kv64"
+            );
+            assert_ne!(tile(&[(s, s)], hkv, mask, 256, sm90, false), "ws2q1kv64");
+        }
         assert_eq!(
             tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, true),
             tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, false)
