@@ -88,12 +88,7 @@ __device__ __forceinline__ uint4 dequantize_fp8x8(uint2 c, float scale) {
     fp8x2_to_float2<FMT>(word >> (16 * (i % 2)), lo, hi);
     out[i] = DTypeTraits<T>::pack2(mul_rn(lo, scale), mul_rn(hi, scale));
   }
-  uint4 r;
-  r.x = out[0];
-  r.y = out[1];
-  r.z = out[2];
-  r.w = out[3];
-  return r;
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // Eight codes (`c.x` holds codes 0..3, low byte first) as their exact values in T, packed as a
@@ -122,12 +117,7 @@ __device__ __forceinline__ uint4 decode_fp8x8(uint2 c) {
     fp8x2_to_float2<FMT>(word, lo, hi);
     out[i] = DTypeTraits<T>::pack2(lo, hi);
   }
-  uint4 r;
-  r.x = out[0];
-  r.y = out[1];
-  r.z = out[2];
-  r.w = out[3];
-  return r;
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // The code of x: nearest, ties to even, |x| beyond the largest finite value (infinities included)

@@ -158,16 +158,7 @@ impl PagedAttention {
     /// [`PagedKvLayout::validate_buffers`]).
     pub fn validate_q(&self, q: &HostTensor) -> Validation {
         let p = &self.problem;
-        if q.dtype() != p.input_dtype {
-            return Err(InvalidProblem::new(
-                "q",
-                format!(
-                    "has dtype {} but the problem's input dtype is {}",
-                    q.dtype(),
-                    p.input_dtype
-                ),
-            ));
-        }
+        p.check_input_dtype("q", q)?;
         p.q_view.validate(
             "q",
             p.batch.total_qo(),

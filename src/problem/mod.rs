@@ -247,21 +247,27 @@ impl AttentionProblem {
         Ok(())
     }
 
+    /// That the host tensor `name` has the problem's input dtype; the error names it.
+    pub fn check_input_dtype(&self, name: &'static str, t: &HostTensor) -> Validation {
+        if t.dtype() == self.input_dtype {
+            return Ok(());
+        }
+        Err(InvalidProblem::new(
+            name,
+            format!(
+                "has dtype {} but the problem's input dtype is {}",
+                t.dtype(),
+                self.input_dtype
+            ),
+        ))
+    }
+
     /// [`validate`](Self::validate), then checks the host buffers' dtypes and sizes against the
     /// views.
     pub fn validate_inputs(&self, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> Validation {
         self.validate()?;
         for (name, t) in [("q", q), ("k", k), ("v", v)] {
-            if t.dtype() != self.input_dtype {
-                return Err(InvalidProblem::new(
-                    name,
-                    format!(
-                        "has dtype {} but the problem's input dtype is {}",
-                        t.dtype(),
-                        self.input_dtype
-                    ),
-                ));
-            }
+            self.check_input_dtype(name, t)?;
         }
         let (qo, kv) = (self.batch.total_qo(), self.batch.total_kv());
         let (dqk, dvo) = (self.head_dims.qk(), self.head_dims.vo());

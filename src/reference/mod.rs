@@ -154,16 +154,7 @@ impl<'a> Context<'a> {
         v: Vec<f64>,
     ) -> Result<Context<'a>, InvalidProblem> {
         p.validate()?;
-        if q.dtype() != p.input_dtype {
-            return Err(InvalidProblem::new(
-                "q",
-                format!(
-                    "has dtype {} but the problem's input dtype is {}",
-                    q.dtype(),
-                    p.input_dtype
-                ),
-            ));
-        }
+        p.check_input_dtype("q", q)?;
         let (qo, kv) = (p.batch.total_qo(), p.batch.total_kv());
         let (dqk, dvo) = (p.head_dims.qk(), p.head_dims.vo());
         p.q_view.validate("q", qo, p.num_qo_heads, dqk, q.len())?;
