@@ -9,7 +9,9 @@
 //   WS_STAGES K/V stages (ws_pipeline.cuh), K one tile ahead of V: its thread 0 issues the TMA
 //   boxes of a whole tile's K rows, or V rows, on their full mbarrier (expect-tx); a request's
 //   last, partial tile is copied by the warpgroup's cp.async with the rows past the request
-//   zero-filled, then announced on the same barriers;
+//   zero-filled, then announced on the same barriers. Over a paged cache every tile is copied by
+//   the warpgroup's cp.async, each row from its page, and each thread's copies arrive on the full
+//   barrier as they land, so the producer never waits for its own copies;
 // - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
 //   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
 //   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
@@ -73,10 +75,13 @@ constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BY
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
 static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
-                  !spec::KV_PAGED && !spec::QK_F16_ACCUM,
-              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, ragged K/V, f32 QK");
+                  spec::KV_FP8 == KV_FP8_NONE && !spec::QK_F16_ACCUM,
+              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, f16/bf16 K/V, f32 QK");
 static_assert(!WS_OUTPUT_IN_Q_TILE || !WS_Q_IN_REGISTERS,
               "the output staged in the Q tile: the products read Q from there, so its rows are free only after them");
+// Arrivals that complete a full barrier's phase: the producer's thread 0 (with its TMA bytes), or
+// over a paged cache each producer thread's cp.async copies (ws::cp_async_arrive).
+constexpr u32_t WS_FULL_ARRIVALS = spec::KV_PAGED ? WS_PRODUCER_THREADS : 1;
 // Keys per TMA box (the host's tensor maps, src/cuda/tma.rs): a tile's column group is copied as
 // KV_TILE / WS_BOX_ROWS boxes.
 constexpr int WS_BOX_ROWS = 64;
@@ -94,7 +99,8 @@ struct WsItem {
   int qo_start, kv_start;
   int tok_lo, tok_hi;
   int kv_lo, num_tiles;
-  int chunk;  // the KV chunk, with a split plan (p.kv_chunk > 0)
+  int chunk;         // the KV chunk, with a split plan (p.kv_chunk > 0)
+  const int* pages;  // paged: the request's page ids, in token order
 };
 
 // Work item `index` of the list into `it`; false at an end marker (request -1).
@@ -118,6 +124,7 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   int kv_hi;
   visible_key_range<spec::MASK_KIND>(it.m, it.tok_lo, it.tok_hi, it.kv_lo, kv_hi);
   it.chunk = work.w;
+  it.pages = spec::KV_PAGED ? p.kv_page_indices + p.kv_page_indptr[work.x] : nullptr;
   if (p.kv_chunk > 0) {  // a chunk's bounds are multiples of the KV tile
     const int chunk_lo = work.w * p.kv_chunk;
     it.kv_lo = max(it.kv_lo, chunk_lo);
@@ -128,10 +135,45 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   return true;
 }
 
+// The producer warpgroup, over a paged cache: rows [k0, k0 + KV_TILE) of one KV head (`head`:
+// its element offset inside page 0) into `tile` by cp.async, rows at or past `valid_rows`
+// (relative to k0) zero-filled. Thread i copies chunks i, i + 128, .. of the tile's rows in
+// order; the page ids of GROUP copies are read before those copies are issued, so that their
+// page-table loads overlap; the groups run in a loop that is not unrolled (the producer holds 24
+// or 40 registers).
+template <int CHUNKS, typename Tile>
+__device__ __forceinline__ void ws_copy_paged_rows(const Tile& tile, const DTypeIn* head, i64_t token_stride,
+                                                   i64_t page_stride, const int* pages, int k0, int valid_rows,
+                                                   int page_shift, int page_mask) {
+  constexpr int COPIES = KV_TILE * CHUNKS / WS_PRODUCER_THREADS;
+  constexpr int GROUP = 4;
+  static_assert(KV_TILE * CHUNKS % WS_PRODUCER_THREADS == 0 && COPIES % GROUP == 0, "whole groups of copies");
+#pragma unroll 1
+  for (int g = 0; g < COPIES / GROUP; ++g) {
+    int page[GROUP];
+#pragma unroll
+    for (int c = 0; c < GROUP; ++c) {
+      const int row = (threadIdx.x + (g * GROUP + c) * WS_PRODUCER_THREADS) / CHUNKS;
+      page[c] = row < valid_rows ? __ldg(pages + ((k0 + row) >> page_shift)) : 0;
+    }
+#pragma unroll
+    for (int c = 0; c < GROUP; ++c) {
+      const int idx = threadIdx.x + (g * GROUP + c) * WS_PRODUCER_THREADS;
+      const int row = idx / CHUNKS, chunk = idx % CHUNKS;
+      const bool valid = row < valid_rows;
+      const DTypeIn* src =
+          valid ? head + page[c] * page_stride + ((k0 + row) & page_mask) * token_stride + chunk * (16 / sizeof(DTypeIn))
+                : head;
+      cp_async_16(tile.chunk_addr(row, chunk), src, valid);
+    }
+  }
+}
+
 // The producer warpgroup: the K rows (IS_K) or V rows of tile j of item `it` into the ring as ring
-// tile t, announced on their full barrier: a whole tile by thread 0's TMA boxes; a request's last,
-// partial tile by the warpgroup's cp.async with the rows past the request zero-filled (a box would
-// read the next request's rows).
+// tile t, announced on their full barrier: over ragged K/V, a whole tile by thread 0's TMA boxes
+// and a request's last, partial tile by the warpgroup's cp.async with the rows past the request
+// zero-filled (a box would read the next request's rows); over a paged cache, every tile by
+// cp.async (ws_copy_paged_rows), each thread's copies arriving on the barrier as they land.
 template <bool IS_K>
 __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const WsRing& ring, const WsItem& it, int j,
                                                 int t) {
@@ -141,7 +183,14 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
   const Tile tile{IS_K ? ring.k(t).base : ring.v(t).base};
   const int k0 = it.kv_lo + j * KV_TILE;
   ring.wait_empty(ROWS, t);
-  if (it.m.kv_len - k0 >= KV_TILE) {
+  if constexpr (spec::KV_PAGED) {
+    const DTypeIn* head = static_cast<const DTypeIn*>(IS_K ? p.k : p.v) +
+                          it.tile.kv_head * (IS_K ? p.k_stride_head : p.v_stride_head);
+    ws_copy_paged_rows<CHUNKS>(tile, head, IS_K ? p.k_stride_token : p.v_stride_token,
+                               IS_K ? p.k_page_stride : p.v_page_stride, it.pages, k0, it.m.kv_len - k0, p.page_shift,
+                               p.page_mask);
+    ws::cp_async_arrive(ring.full(ROWS, t));
+  } else if (it.m.kv_len - k0 >= KV_TILE) {
     if (threadIdx.x == 0) {
       const u32_t bar = ring.full(ROWS, t);
       mbarrier_arrive_expect_tx(bar, IS_K ? K_TILE_BYTES : V_TILE_BYTES);
@@ -191,6 +240,12 @@ __device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing&
     if (j < it.num_tiles) ws_produce_rows<true>(p, ring, it, j, first + j);
     if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1);
   }
+}
+
+// Consumer: after waiting on a full barrier, over a paged cache, the rows the producer's cp.async
+// wrote (generic proxy) ordered before the products' reads of them (async proxy).
+__device__ __forceinline__ void ws_rows_to_products() {
+  if constexpr (spec::KV_PAGED) fence_proxy_async_shared();
 }
 
 // Consumer warp `cwarp` (0..7): the copies of its block of Q rows of item `it` into the Q tile
@@ -317,7 +372,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   const u32_t o_stage = WS_OUTPUT_IN_Q_TILE ? q_tile(0).base : v_base + WS_STAGES * V_TILE_BYTES;
   const WsRing ring{k_base, v_base, v_base + WS_STAGES * V_TILE_BYTES + O_STAGE_BYTES};
   static_assert(WsRing::BARRIER_BYTES == 4 * WS_STAGES * 8, "the ring's barriers as WS_SMEM_BYTES counts them");
-  if (threadIdx.x == 0) ring.init(NUM_THREADS);
+  if (threadIdx.x == 0) ring.init(WS_FULL_ARRIVALS, NUM_THREADS);
   __syncthreads();
 
   if (warp < WS_PRODUCER_THREADS / 32) {
@@ -328,6 +383,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       ws_produce(p, ring, it, first);
       first += it.num_tiles;
     }
+    if constexpr (spec::KV_PAGED) cp_async_wait<0>();  // no copy outlives its thread
     return;
   }
   ws::registers_inc<WS_CONSUMER_REGS>();
@@ -387,6 +443,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       };
       // Tile 0: S_0 alone in this turn.
       ring.wait_full(ws::Rows::K, first);
+      ws_rows_to_products();
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_qk(q, ring.k(first).base, s);
@@ -402,6 +459,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
         const int t = first + j;
         ring.wait_full(ws::Rows::K, t);
         ring.wait_full(ws::Rows::V, t - 1);
+        ws_rows_to_products();
         ws::named_sync(my_turn, 2 * 128);
         wgmma_fence();
         ws_issue_qk(q, ring.k(t).base, s);
@@ -422,6 +480,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       }
       // The last tile's P V, in a turn of its own.
       ring.wait_full(ws::Rows::V, first + n - 1);
+      ws_rows_to_products();
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_pv(ring.v(first + n - 1).base, pf, o);

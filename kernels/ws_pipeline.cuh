@@ -3,8 +3,9 @@
 // that take the consumers' turns at the tensor cores, and the register hand-over between the
 // roles (sm_90a).
 //
-// The ring: stage s holds a K tile and a V tile, each with a "full" mbarrier (one arrival, the
-// producer's, plus the bytes its TMA copies complete) and an "empty" mbarrier (one arrival per
+// The ring: stage s holds a K tile and a V tile, each with a "full" mbarrier (over ragged K/V one
+// arrival, the producer's, plus the bytes its TMA copies complete; over a paged cache one arrival
+// per producer thread, made by its cp.async copies as they land) and an "empty" mbarrier (one arrival per
 // consumer thread, once its warpgroup's products are done with those rows): K is free once S = Q K^T
 // is, a tile before its V, so the producer can copy the next K tile while that V is still read.
 // Tile t sits in stage t % STAGES; its (t / STAGES)-th use of the stage is the phase of parity
@@ -24,6 +25,12 @@ __device__ __forceinline__ void mbarrier_init(u32_t bar, u32_t count) {
 // ordered before the phase completes).
 __device__ __forceinline__ void mbarrier_arrive(u32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// An arrival on the mbarrier at `bar` once every cp.async this thread issued before has landed
+// (the barrier's count includes it: .noinc), so the thread goes on without waiting for them.
+__device__ __forceinline__ void cp_async_arrive(u32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // Named barrier `id` over `threads` threads: wait for all of them, or arrive without waiting.
@@ -67,15 +74,15 @@ struct KvRing {
     return bars + ((2 + static_cast<int>(r)) * STAGES + stage(t)) * 8;
   }
 
-  // One thread, before any other touches the ring: full barriers for the producer's one arrival,
-  // empty ones for `consumers` arrivals.
-  __device__ __forceinline__ void init(u32_t consumers) const {
+  // One thread, before any other touches the ring: full barriers for `producers` arrivals (1 with
+  // TMA, the producer threads with cp.async), empty ones for `consumers` arrivals.
+  __device__ __forceinline__ void init(u32_t producers, u32_t consumers) const {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const Rows r = static_cast<Rows>(i);
-        mbarrier_init(full(r, s), 1);
+        mbarrier_init(full(r, s), producers);
         mbarrier_init(empty(r, s), consumers);
       }
   }

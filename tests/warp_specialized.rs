@@ -5,6 +5,7 @@
 mod jit_support;
 
 use attnforge::codegen::{compile_matrix, render, KernelSpec, KvCache, TileConfig, VariantSpec};
+use attnforge::dtype::fp8::Fp8Format;
 use attnforge::jit::compile::compile;
 use attnforge::jit::{Arch, CompileOptions, KernelSource};
 use attnforge::problem::MaskKind;
@@ -64,7 +65,7 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_256_and_192_128() {
     assert!(t.runs_on(Arch::Sm90a, d192) && t.ws_output_in_q_tile(d192));
     let d256 = HeadDims::equal(256).unwrap();
     assert!(!t.runs_on(Arch::Sm90a, d256) && !t.supports_wgmma(d256));
-    assert!(t.supports(KvCache::Ragged) && !t.supports(KvCache::Paged));
+    assert!(t.supports(KvCache::Ragged) && t.supports(KvCache::Paged));
     assert!(t.supports_qk_accum(QkAccum::F32) && !t.supports_qk_accum(QkAccum::F16));
     assert!(!t.plans_kv_split());
     // Eight stages of head dim 128 do not fit one CTA's shared memory.
@@ -128,30 +129,38 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
             what, supported, ..
         }) => {
             assert!(what.contains("ws4q1kv64"), "{what}");
-            assert!(supported.contains("ragged K/V, f32 QK"), "{supported}");
+            assert!(supported.contains("f32 QK accumulation"), "{supported}");
             what
         }
         other => panic!("expected Unsupported, got {other:?}"),
     };
-    assert!(refused(&problem(128, DType::F16), KvCache::Paged).contains("paged"));
     assert!(refused(&problem(256, DType::Bf16), KvCache::Ragged).contains("head dims"));
     let mut qk16 = problem(128, DType::F16);
     qk16.qk_accum = QkAccum::F16;
     assert!(refused(&qk16, KvCache::Ragged).contains("QK"));
     assert!(KernelSpec::for_problem(&problem(64, DType::Bf16), KvCache::Ragged, ws()).is_ok());
+    // A paged cache of f16/bf16 pages, but not of fp8 codes.
+    let paged = KernelSpec::for_problem(&problem(128, DType::F16), KvCache::Paged, ws()).unwrap();
+    assert!(!paged.copies_kv_by_tma());
+    match paged.with_kv_fp8(Some(Fp8Format::E4m3)) {
+        Err(Error::Unsupported { what, .. }) => {
+            assert!(what.contains("fp8") && what.contains("ws4q1kv64"), "{what}")
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
     let d256 = TileConfig::WARP_SPECIALIZED_D256;
     assert!(KernelSpec::for_problem(&problem(256, DType::Bf16), KvCache::Ragged, d256).is_ok());
 }
 
 #[test]
-fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
+fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_and_paged_kv() {
     let kernels: Vec<KernelSpec> = compile_matrix()
         .into_iter()
         .filter(|s| s.tile.warp_specialized)
         .collect();
     // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 2 dtypes x 4 masks x 5
-    // variants.
-    assert_eq!(kernels.len(), 240);
+    // variants x (ragged, paged); none over fp8 pages.
+    assert_eq!(kernels.len(), 480);
     for s in &kernels {
         if s.head_dims.qk() == 256 {
             assert_eq!(s.tile, TileConfig::WARP_SPECIALIZED_D256);
@@ -160,12 +169,14 @@ fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_kv() {
         } else {
             assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
         }
-        assert!(s.kv == KvCache::Ragged && s.qk_accum == QkAccum::F32);
+        assert!(s.qk_accum == QkAccum::F32 && s.kv_fp8.is_none());
         assert!(s.tile.runs_on(Arch::Sm90a, s.head_dims));
-        assert!(s.copies_kv_by_tma());
+        assert_eq!(s.copies_kv_by_tma(), s.kv == KvCache::Ragged);
     }
     for mask in MaskKind::ALL {
-        assert!(kernels.iter().any(|s| s.mask == mask));
+        for kv in KvCache::ALL {
+            assert!(kernels.iter().any(|s| s.mask == mask && s.kv == kv));
+        }
     }
 }
 

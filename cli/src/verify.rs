@@ -9,7 +9,7 @@
 use crate::backend::{parse_arch, parse_tile, BackendKind};
 use attnforge::codegen::{KernelSpec, KvCache, TileConfig};
 use attnforge::jit::Arch;
-use attnforge::testing::{cases, merge_cases, Case, MergeCase, Suite};
+use attnforge::testing::{cases, merge_cases, Case, MergeCase, PagedRun, Suite};
 use attnforge::verify::{run_cases, run_merge_case, smallest_case, CaseResult, SELF_CHECK};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -133,14 +133,27 @@ pub struct VerifyArgs {
     split_keys: Option<u64>,
 }
 
-/// Whether `tile` can compute the kernel of `case` (`None`: the planner's tile, always).
+/// Whether `tile` can compute the kernel of `case` (`None`: the planner's tile, always): its
+/// spec exists (K/V storage, QK accumulation, head dims, an fp8 cache), and a case replayed from
+/// a CUDA graph needs a graph-stable plan, which the warp-specialised tile has not.
 fn tile_computes(tile: Option<TileConfig>, case: &Case) -> bool {
+    let Some(t) = tile else {
+        return true;
+    };
     let kv = if case.paged.is_some() {
         KvCache::Paged
     } else {
         KvCache::Ragged
     };
-    tile.is_none_or(|t| KernelSpec::for_problem(&case.problem, kv, t).is_ok())
+    let fp8 = case.paged.as_ref().and_then(|c| c.fp8.map(|f| f.format));
+    let replayed = case
+        .paged
+        .as_ref()
+        .is_some_and(|c| c.run == PagedRun::GraphReplay);
+    KernelSpec::for_problem(&case.problem, kv, t)
+        .and_then(|s| s.with_kv_fp8(fp8))
+        .is_ok()
+        && !(t.warp_specialized && replayed)
 }
 
 fn report(result: &CaseResult, seed: u64, verbose: bool) {

@@ -128,7 +128,9 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
     }
     let fp8: Vec<KernelSpec> = specs
         .iter()
-        .filter(|s| s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
+        .filter(|s| {
+            s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32 && !s.tile.warp_specialized
+        })
         .flat_map(|s| {
             Fp8Format::ALL
                 .into_iter()

@@ -199,8 +199,11 @@ impl PrefillPolicy {
         // 128, no transform, unmasked or over a paged cache, on wgmma.
         let plain_wgmma_d128 =
             t.wgmma && !qk16 && vo == 128 && !has_transform && (mask == MaskKind::None || paged);
-        let sum_by_mma =
-            (t.mma_q >= 2 || (plain_wgmma_d128 && paged)) && (!bf16 || vo <= 64) && none_or_causal;
+        // The warp-specialised softmax rescales the row sums before the output (prefill_ws.cuh).
+        let sum_by_mma = !t.warp_specialized
+            && (t.mma_q >= 2 || (plain_wgmma_d128 && paged))
+            && (!bf16 || vo <= 64)
+            && none_or_causal;
         PrefillPolicy {
             tma_kv: t.wgmma && !paged && (t.kv_stages == 2 || t.warp_specialized),
             first_v_late: !t.split_keys && t.mma_q >= 2,

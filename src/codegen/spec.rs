@@ -147,8 +147,8 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
     Ok(())
 }
 
-/// Refuses a problem the warp-specialised tile cannot compute, saying what it can: ragged K/V,
-/// f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (the ring in one CTA's shared
+/// Refuses a problem the warp-specialised tile cannot compute, saying what it can: f32 QK
+/// accumulation, head dims 64, 128, 256 and (192, 128) (the ring in one CTA's shared
 /// memory).
 fn check_warp_specialized(
     problem: &AttentionProblem,
@@ -170,7 +170,7 @@ fn check_warp_specialized(
             backend: "cuda",
             what: format!("the warp-specialised tile {} with {what}", tile.label()),
             supported:
-                "ragged K/V, f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
+                "f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
                     .into(),
         }),
     }
@@ -219,13 +219,24 @@ impl KernelSpec {
     }
 
     /// The same kernel over a paged cache of `format` codes; an error for ragged K/V (fp8 K/V
-    /// live in a paged cache only).
+    /// live in a paged cache only) and for the warp-specialised tile (its ring holds f16/bf16
+    /// rows as they arrive; codes would need expanding between the copy and the products).
     pub fn with_kv_fp8(self, format: Option<Fp8Format>) -> Result<KernelSpec, Error> {
         if format.is_some() && self.kv != KvCache::Paged {
             return Err(Error::Unsupported {
                 backend: "cuda",
                 what: format!("fp8 K/V over {} K/V", self.kv.name()),
                 supported: "fp8 K/V in a paged cache".into(),
+            });
+        }
+        if format.is_some() && self.tile.warp_specialized {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                what: format!(
+                    "fp8 K/V with the warp-specialised tile {}",
+                    self.tile.label()
+                ),
+                supported: "fp8 K/V with the other tiles (`w...` labels)".into(),
             });
         }
         Ok(KernelSpec {

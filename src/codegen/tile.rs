@@ -213,12 +213,10 @@ impl TileConfig {
 
     /// Whether a kernel over K/V from `kv` can use this tiling: a single K/V buffer only over
     /// ragged rows (the paged loads stage page ids one tile ahead in two buffers); the
-    /// warp-specialised ring only over ragged rows (its tiles arrive by TMA).
+    /// warp-specialised ring over either (ragged tiles arrive by TMA, paged ones by its
+    /// producer's cp.async).
     pub fn supports(self, kv: KvCache) -> bool {
-        if self.warp_specialized {
-            return kv == KvCache::Ragged;
-        }
-        self.kv_stages == 2 || kv == KvCache::Ragged
+        self.warp_specialized || self.kv_stages == 2 || kv == KvCache::Ragged
     }
 
     /// Whether a kernel with this QK accumulation can use this tiling: the warp-specialised

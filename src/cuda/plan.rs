@@ -439,7 +439,7 @@ impl KernelPlan {
         let group_div = FastDivisor::new(p.group_size() as u32);
         let (k_tmap, v_tmap) = self.kv_tensor_maps(kv);
         let kv_tma = k_tmap.is_some() && v_tmap.is_some();
-        if self.spec.tile.warp_specialized && !kv_tma {
+        if self.spec.tile.warp_specialized && kv.pages.is_none() && !kv_tma {
             return Err(Error::Unsupported {
                 backend: "cuda",
                 what: format!(
