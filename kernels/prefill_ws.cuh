@@ -135,37 +135,47 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   return true;
 }
 
-// The producer warpgroup, over a paged cache: rows [k0, k0 + KV_TILE) of one KV head (`head`:
-// its element offset inside page 0) into `tile` by cp.async, rows at or past `valid_rows`
-// (relative to k0) zero-filled. Thread i copies chunks i, i + 128, .. of the tile's rows in
-// order; the page ids of GROUP copies are read before those copies are issued, so that their
-// page-table loads overlap; the groups run in a loop that is not unrolled (the producer holds 24
-// or 40 registers).
-template <int CHUNKS, typename Tile>
-__device__ __forceinline__ void ws_copy_paged_rows(const Tile& tile, const DTypeIn* head, i64_t token_stride,
-                                                   i64_t page_stride, const int* pages, int k0, int valid_rows,
-                                                   int page_shift, int page_mask) {
-  constexpr int COPIES = KV_TILE * CHUNKS / WS_PRODUCER_THREADS;
-  constexpr int GROUP = 4;
-  static_assert(KV_TILE * CHUNKS % WS_PRODUCER_THREADS == 0 && COPIES % GROUP == 0, "whole groups of copies");
-#pragma unroll 1
-  for (int g = 0; g < COPIES / GROUP; ++g) {
-    int page[GROUP];
+// Over a paged cache each producer warp copies WS_WARP_ROWS consecutive rows of a tile, each by
+// WS_ROW_LANES lanes: lane l takes row l % WS_WARP_ROWS and, of its chunks, every
+// WS_ROW_LANES-th from l / WS_WARP_ROWS (so two lanes of a row read 32 contiguous bytes per copy).
+// A lane reads its row's page id once per tile, a tile ahead (ws_produce), and forms its row's
+// address once; its copies then differ by constants.
+constexpr int WS_WARP_ROWS = KV_TILE / (WS_PRODUCER_THREADS / 32);
+constexpr int WS_ROW_LANES = 32 / WS_WARP_ROWS;
+static_assert(WS_WARP_ROWS * WS_ROW_LANES == 32, "the warp's lanes cover its rows evenly");
+
+// Producer thread, paged: the page id of its row of the tile from key k0 of item `it` (0 for a
+// row past the request, which has no page).
+__device__ __forceinline__ int ws_row_page_id(const PrefillParams& p, const WsItem& it, int k0) {
+  const int row = k0 + (threadIdx.x / 32) * WS_WARP_ROWS + threadIdx.x % WS_WARP_ROWS;
+  return row < it.m.kv_len ? __ldg(it.pages + (row >> p.page_shift)) : 0;
+}
+
+// Producer thread, paged: its chunks of its row of the tile from key k0 of one KV head (`head`:
+// its element offset inside page 0) into `tile` by cp.async, zero-filled when the row is at or
+// past `valid_rows` (relative to k0); `page_id` is ws_row_page_id's.
+template <int CHUNKS, int ATOM_ROWS>
+__device__ __forceinline__ void ws_copy_paged_row(const SmemTile<CHUNKS, ATOM_ROWS>& tile, const DTypeIn* head,
+                                                  i64_t token_stride, i64_t page_stride, int k0, int valid_rows,
+                                                  int page_mask, int page_id) {
+  static_assert(ATOM_ROWS > 0 && WS_ROW_LANES <= 2, "wgmma's column layout; a lane's chunks one or two apart");
+  constexpr int ELEMS = 16 / sizeof(DTypeIn);
+  const int row = (threadIdx.x / 32) * WS_WARP_ROWS + threadIdx.x % WS_WARP_ROWS;
+  const int part = (threadIdx.x % 32) / WS_WARP_ROWS;
+  const bool valid = row < valid_rows;
+  const DTypeIn* src =
+      (valid ? head + page_id * page_stride + ((k0 + row) & page_mask) * token_stride : head) + part * ELEMS;
+  // Chunk c * WS_ROW_LANES + part, at tile.chunk_addr(row, that chunk): the swizzle's XOR of the
+  // chunk's position with row % 8 splits into a constant and (part ^ row % 8).
+  const u32_t row_base = tile.base + static_cast<u32_t>(row * 128);
+  const u32_t swz = static_cast<u32_t>((part ^ (row & 7)) * 16);
 #pragma unroll
-    for (int c = 0; c < GROUP; ++c) {
-      const int row = (threadIdx.x + (g * GROUP + c) * WS_PRODUCER_THREADS) / CHUNKS;
-      page[c] = row < valid_rows ? __ldg(pages + ((k0 + row) >> page_shift)) : 0;
-    }
-#pragma unroll
-    for (int c = 0; c < GROUP; ++c) {
-      const int idx = threadIdx.x + (g * GROUP + c) * WS_PRODUCER_THREADS;
-      const int row = idx / CHUNKS, chunk = idx % CHUNKS;
-      const bool valid = row < valid_rows;
-      const DTypeIn* src =
-          valid ? head + page[c] * page_stride + ((k0 + row) & page_mask) * token_stride + chunk * (16 / sizeof(DTypeIn))
-                : head;
-      cp_async_16(tile.chunk_addr(row, chunk), src, valid);
-    }
+  for (int c = 0; c < CHUNKS / WS_ROW_LANES; ++c) {
+    constexpr int L = WS_ROW_LANES;
+    const int first = c * L;  // the chunk of part 0
+    const u32_t dst = row_base + static_cast<u32_t>((first / 8) * SmemTile<CHUNKS, ATOM_ROWS>::GROUP_BYTES) +
+                      (swz ^ static_cast<u32_t>((first % 8) * 16));
+    cp_async_16(dst, src + first * ELEMS, valid);
   }
 }
 
@@ -173,10 +183,11 @@ __device__ __forceinline__ void ws_copy_paged_rows(const Tile& tile, const DType
 // tile t, announced on their full barrier: over ragged K/V, a whole tile by thread 0's TMA boxes
 // and a request's last, partial tile by the warpgroup's cp.async with the rows past the request
 // zero-filled (a box would read the next request's rows); over a paged cache, every tile by
-// cp.async (ws_copy_paged_rows), each thread's copies arriving on the barrier as they land.
+// cp.async (ws_copy_paged_row), each thread's copies arriving on the barrier as they land.
+// `page_id`: over a paged cache, ws_row_page_id's for the tile (unused otherwise).
 template <bool IS_K>
 __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const WsRing& ring, const WsItem& it, int j,
-                                                int t) {
+                                                int t, int page_id) {
   constexpr ws::Rows ROWS = IS_K ? ws::Rows::K : ws::Rows::V;
   constexpr int CHUNKS = IS_K ? QK_CHUNKS : VO_CHUNKS;
   using Tile = SmemTile<CHUNKS, KV_ATOM_ROWS>;
@@ -186,9 +197,8 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
   if constexpr (spec::KV_PAGED) {
     const DTypeIn* head = static_cast<const DTypeIn*>(IS_K ? p.k : p.v) +
                           it.tile.kv_head * (IS_K ? p.k_stride_head : p.v_stride_head);
-    ws_copy_paged_rows<CHUNKS>(tile, head, IS_K ? p.k_stride_token : p.v_stride_token,
-                               IS_K ? p.k_page_stride : p.v_page_stride, it.pages, k0, it.m.kv_len - k0, p.page_shift,
-                               p.page_mask);
+    ws_copy_paged_row(tile, head, IS_K ? p.k_stride_token : p.v_stride_token, IS_K ? p.k_page_stride : p.v_page_stride,
+                      k0, it.m.kv_len - k0, p.page_mask, page_id);
     ws::cp_async_arrive(ring.full(ROWS, t));
   } else if (it.m.kv_len - k0 >= KV_TILE) {
     if (threadIdx.x == 0) {
@@ -234,11 +244,18 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
 
 // The producer warpgroup: every K/V tile of item `it` into the ring, as ring tiles first,
 // first + 1, ..; the K rows one tile ahead of the V rows (K_0, K_1, V_0, K_2, V_1, ..), in the order
-// the consumers free them: K_{j+2} waits for the consumers' S_j, not for their P_j V_j.
+// the consumers free them: K_{j+2} waits for the consumers' S_j, not for their P_j V_j. Over a
+// paged cache, the page ids of tile j + 1 are read while tile j's copies are issued, and tile j's
+// serve its K and then its V rows.
 __device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
-  for (int j = 0; j <= it.num_tiles; ++j) {
-    if (j < it.num_tiles) ws_produce_rows<true>(p, ring, it, j, first + j);
-    if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1);
+  const int n = it.num_tiles;
+  int ids_k = spec::KV_PAGED && n > 0 ? ws_row_page_id(p, it, it.kv_lo) : 0, ids_v = 0;
+  for (int j = 0; j <= n; ++j) {
+    const int ids_next = spec::KV_PAGED && j + 1 < n ? ws_row_page_id(p, it, it.kv_lo + (j + 1) * KV_TILE) : 0;
+    if (j < n) ws_produce_rows<true>(p, ring, it, j, first + j, ids_k);
+    if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1, ids_v);
+    ids_v = ids_k;
+    ids_k = ids_next;
   }
 }
 
