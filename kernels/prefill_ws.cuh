@@ -135,47 +135,67 @@ __device__ __forceinline__ bool ws_item(const PrefillParams& p, int index, WsIte
   return true;
 }
 
-// Over a paged cache each producer warp copies WS_WARP_ROWS consecutive rows of a tile, each by
-// WS_ROW_LANES lanes: lane l takes row l % WS_WARP_ROWS and, of its chunks, every
-// WS_ROW_LANES-th from l / WS_WARP_ROWS (so two lanes of a row read 32 contiguous bytes per copy).
-// A lane reads its row's page id once per tile, a tile ahead (ws_produce), and forms its row's
-// address once; its copies then differ by constants.
+// Over a paged cache each producer warp copies WS_WARP_ROWS consecutive rows of a tile, 16 at a
+// time (a pass), each row by two lanes: lane l takes row l % 16 of the pass and, of its chunks,
+// every other one from l / 16, so the two lanes of a row read 32 contiguous bytes (a whole
+// sector) per copy. A lane reads the page ids of its rows once per tile, a tile ahead
+// (ws_produce), and forms each row's address once; its copies of a row then differ by constants.
+// (With one lane per row, at 128-key tiles, a copy read half a sector and the kernel ran at 0.67x
+// of the planner's paged prefill on an H200; `attnforge bench --suite paged --filter
+// paged-prefill --tile ws2q1kv128`.)
 constexpr int WS_WARP_ROWS = KV_TILE / (WS_PRODUCER_THREADS / 32);
-constexpr int WS_ROW_LANES = 32 / WS_WARP_ROWS;
-static_assert(WS_WARP_ROWS * WS_ROW_LANES == 32, "the warp's lanes cover its rows evenly");
+constexpr int WS_ROW_PASSES = WS_WARP_ROWS / 16;
+static_assert(WS_WARP_ROWS % 16 == 0, "whole passes of 16 rows");
 
-// Producer thread, paged: the page id of its row of the tile from key k0 of item `it` (0 for a
-// row past the request, which has no page).
-__device__ __forceinline__ int ws_row_page_id(const PrefillParams& p, const WsItem& it, int k0) {
-  const int row = k0 + (threadIdx.x / 32) * WS_WARP_ROWS + threadIdx.x % WS_WARP_ROWS;
-  return row < it.m.kv_len ? __ldg(it.pages + (row >> p.page_shift)) : 0;
+// A producer thread's page ids of a tile, one per pass.
+struct WsPageIds {
+  int id[WS_ROW_PASSES];
+};
+
+// Producer thread, paged: the tile row (0..KV_TILE) it copies in pass `pass`.
+__device__ __forceinline__ int ws_paged_row(int pass) {
+  return (threadIdx.x / 32) * WS_WARP_ROWS + pass * 16 + threadIdx.x % 16;
 }
 
-// Producer thread, paged: its chunks of its row of the tile from key k0 of one KV head (`head`:
-// its element offset inside page 0) into `tile` by cp.async, zero-filled when the row is at or
-// past `valid_rows` (relative to k0); `page_id` is ws_row_page_id's.
-template <int CHUNKS, int ATOM_ROWS>
-__device__ __forceinline__ void ws_copy_paged_row(const SmemTile<CHUNKS, ATOM_ROWS>& tile, const DTypeIn* head,
-                                                  i64_t token_stride, i64_t page_stride, int k0, int valid_rows,
-                                                  int page_mask, int page_id) {
-  static_assert(ATOM_ROWS > 0 && WS_ROW_LANES <= 2, "wgmma's column layout; a lane's chunks one or two apart");
-  constexpr int ELEMS = 16 / sizeof(DTypeIn);
-  const int row = (threadIdx.x / 32) * WS_WARP_ROWS + threadIdx.x % WS_WARP_ROWS;
-  const int part = (threadIdx.x % 32) / WS_WARP_ROWS;
-  const bool valid = row < valid_rows;
-  const DTypeIn* src =
-      (valid ? head + page_id * page_stride + ((k0 + row) & page_mask) * token_stride : head) + part * ELEMS;
-  // Chunk c * WS_ROW_LANES + part, at tile.chunk_addr(row, that chunk): the swizzle's XOR of the
-  // chunk's position with row % 8 splits into a constant and (part ^ row % 8).
-  const u32_t row_base = tile.base + static_cast<u32_t>(row * 128);
-  const u32_t swz = static_cast<u32_t>((part ^ (row & 7)) * 16);
+// Producer thread, paged: the page ids of its rows of the tile from key k0 of item `it` (0 for a
+// row past the request, which has no page).
+__device__ __forceinline__ WsPageIds ws_row_page_ids(const PrefillParams& p, const WsItem& it, int k0) {
+  WsPageIds ids;
 #pragma unroll
-  for (int c = 0; c < CHUNKS / WS_ROW_LANES; ++c) {
-    constexpr int L = WS_ROW_LANES;
-    const int first = c * L;  // the chunk of part 0
-    const u32_t dst = row_base + static_cast<u32_t>((first / 8) * SmemTile<CHUNKS, ATOM_ROWS>::GROUP_BYTES) +
-                      (swz ^ static_cast<u32_t>((first % 8) * 16));
-    cp_async_16(dst, src + first * ELEMS, valid);
+  for (int q = 0; q < WS_ROW_PASSES; ++q) {
+    const int row = k0 + ws_paged_row(q);
+    ids.id[q] = row < it.m.kv_len ? __ldg(it.pages + (row >> p.page_shift)) : 0;
+  }
+  return ids;
+}
+
+// Producer thread, paged: its chunks of its rows of the tile from key k0 of one KV head (`head`:
+// its element offset inside page 0) into `tile` by cp.async, a row zero-filled when it is at or
+// past `valid_rows` (relative to k0); `ids` are ws_row_page_ids'.
+template <int CHUNKS, int ATOM_ROWS>
+__device__ __forceinline__ void ws_copy_paged_rows(const SmemTile<CHUNKS, ATOM_ROWS>& tile, const DTypeIn* head,
+                                                   i64_t token_stride, i64_t page_stride, int k0, int valid_rows,
+                                                   int page_mask, const WsPageIds& ids) {
+  static_assert(ATOM_ROWS > 0, "wgmma's column layout: 128 bytes a row in each column of 8 chunks");
+  constexpr int ELEMS = 16 / sizeof(DTypeIn);
+  const int part = (threadIdx.x % 32) / 16;
+#pragma unroll
+  for (int q = 0; q < WS_ROW_PASSES; ++q) {
+    const int row = ws_paged_row(q);
+    const bool valid = row < valid_rows;
+    const DTypeIn* src =
+        (valid ? head + ids.id[q] * page_stride + ((k0 + row) & page_mask) * token_stride : head) + part * ELEMS;
+    // Chunk 2 c + part, at tile.chunk_addr(row, 2 c + part): the swizzle's XOR of the chunk's
+    // position with row % 8 splits into a constant and (part ^ row % 8).
+    const u32_t row_base = tile.base + static_cast<u32_t>(row * 128);
+    const u32_t swz = static_cast<u32_t>((part ^ (row & 7)) * 16);
+#pragma unroll
+    for (int c = 0; c < CHUNKS / 2; ++c) {
+      const int first = 2 * c;  // the chunk of part 0
+      const u32_t dst = row_base + static_cast<u32_t>((first / 8) * SmemTile<CHUNKS, ATOM_ROWS>::GROUP_BYTES) +
+                        (swz ^ static_cast<u32_t>((first % 8) * 16));
+      cp_async_16(dst, src + first * ELEMS, valid);
+    }
   }
 }
 
@@ -183,11 +203,11 @@ __device__ __forceinline__ void ws_copy_paged_row(const SmemTile<CHUNKS, ATOM_RO
 // tile t, announced on their full barrier: over ragged K/V, a whole tile by thread 0's TMA boxes
 // and a request's last, partial tile by the warpgroup's cp.async with the rows past the request
 // zero-filled (a box would read the next request's rows); over a paged cache, every tile by
-// cp.async (ws_copy_paged_row), each thread's copies arriving on the barrier as they land.
-// `page_id`: over a paged cache, ws_row_page_id's for the tile (unused otherwise).
+// cp.async (ws_copy_paged_rows), each thread's copies arriving on the barrier as they land.
+// `ids`: over a paged cache, ws_row_page_ids' for the tile (unused otherwise).
 template <bool IS_K>
 __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const WsRing& ring, const WsItem& it, int j,
-                                                int t, int page_id) {
+                                                int t, const WsPageIds& ids) {
   constexpr ws::Rows ROWS = IS_K ? ws::Rows::K : ws::Rows::V;
   constexpr int CHUNKS = IS_K ? QK_CHUNKS : VO_CHUNKS;
   using Tile = SmemTile<CHUNKS, KV_ATOM_ROWS>;
@@ -197,8 +217,8 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
   if constexpr (spec::KV_PAGED) {
     const DTypeIn* head = static_cast<const DTypeIn*>(IS_K ? p.k : p.v) +
                           it.tile.kv_head * (IS_K ? p.k_stride_head : p.v_stride_head);
-    ws_copy_paged_row(tile, head, IS_K ? p.k_stride_token : p.v_stride_token, IS_K ? p.k_page_stride : p.v_page_stride,
-                      k0, it.m.kv_len - k0, p.page_mask, page_id);
+    ws_copy_paged_rows(tile, head, IS_K ? p.k_stride_token : p.v_stride_token, IS_K ? p.k_page_stride : p.v_page_stride,
+                       k0, it.m.kv_len - k0, p.page_mask, ids);
     ws::cp_async_arrive(ring.full(ROWS, t));
   } else if (it.m.kv_len - k0 >= KV_TILE) {
     if (threadIdx.x == 0) {
@@ -249,9 +269,11 @@ __device__ __forceinline__ void ws_produce_rows(const PrefillParams& p, const Ws
 // serve its K and then its V rows.
 __device__ __forceinline__ void ws_produce(const PrefillParams& p, const WsRing& ring, const WsItem& it, int first) {
   const int n = it.num_tiles;
-  int ids_k = spec::KV_PAGED && n > 0 ? ws_row_page_id(p, it, it.kv_lo) : 0, ids_v = 0;
+  const WsPageIds none{};
+  WsPageIds ids_k = spec::KV_PAGED && n > 0 ? ws_row_page_ids(p, it, it.kv_lo) : none, ids_v = none;
   for (int j = 0; j <= n; ++j) {
-    const int ids_next = spec::KV_PAGED && j + 1 < n ? ws_row_page_id(p, it, it.kv_lo + (j + 1) * KV_TILE) : 0;
+    const WsPageIds ids_next =
+        spec::KV_PAGED && j + 1 < n ? ws_row_page_ids(p, it, it.kv_lo + (j + 1) * KV_TILE) : none;
     if (j < n) ws_produce_rows<true>(p, ring, it, j, first + j, ids_k);
     if (j > 0) ws_produce_rows<false>(p, ring, it, j - 1, first + j - 1, ids_v);
     ids_v = ids_k;

@@ -295,7 +295,9 @@ impl AppendPlan {
             layout.head_dims.qk(),
             layout.head_dims.vo(),
         );
-        let threads_needed = self.total_new * h * (dqk + dvo) / 8;
+        // The CTAs of one new token are consecutive (`append::blocks_per_token` in
+        // kernels/append_paged.cuh): a chunk of 8 elements per thread over its K and V rows.
+        let blocks_per_token = (h * (dqk + dvo) / 8).div_ceil(APPEND_THREADS as usize);
         let (k_base, _, k_token, k_head) = cache_strides(layout, true);
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
         let (page_size, k_page, v_page) = self.kernel_pages;
@@ -332,7 +334,7 @@ impl AppendPlan {
             },
             scale_head_stride: fp8.map_or(0, |(_, s)| s.head_stride),
         };
-        let blocks = threads_needed.div_ceil(APPEND_THREADS as usize);
+        let blocks = self.total_new.saturating_mul(blocks_per_token);
         let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {
             name: "k_new",
             reason: format!(
