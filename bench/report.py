@@ -70,8 +70,13 @@ PAGED_TITLE_WITH_APPEND = "Paged KV cache: batch decode, paged prefill and appen
 PAGED_GROUPS = [("Batch decode", PAGED_DECODE, "tbps", []),
                 ("Batch paged prefill", PAGED_PREFILL, "tflops", ["tbps"]),
                 ("Append to the paged cache", PAGED_APPEND, "tbps", ["copy_pct"])]
-DEVICE_COPY_TBPS = 4.3  # device-to-device copy measured on the H200 (shared/peers/README.md)
-DERIVED = {"copy_pct": ("tbps", lambda tbps: 100.0 * tbps / DEVICE_COPY_TBPS)}
+# The device-to-device copy bandwidth measured on a GPU, by the start of the name the result's
+# meta gives it (shared/peers/README.md: 4.3 TB/s on the H200). A GPU not listed gets no % of
+# copy ("-") and no copy line in its plot: a ceiling is not assumed from another GPU.
+DEVICE_COPY_TBPS = {"NVIDIA H200": 4.3}
+# The figures computed from another: field -> the field it is computed from (with the GPU's copy
+# bandwidth, extra_cells).
+DERIVED = {"copy_pct": "tbps"}
 DEVICE_COPY_LABEL = "device copy bandwidth (measured)"
 PAGED_Y_HEADROOM = 1.15  # room above the highest bar or the copy line for its label
 # A paged shape's page table (thousands of page ids): left out of the merged JSON, which keeps the
@@ -204,13 +209,24 @@ def table_groups(merged):
     return groups
 
 
-def extra_cells(line, extras):
-    """The cells of a result line's extra figures (a derived one computed from its field): "-"
-    where it has none (its status is in the table's figure column)."""
+def device_copy_tbps(merged):
+    """The copy bandwidth of the GPU the result was measured on (DEVICE_COPY_TBPS), or None."""
+    gpu = (merged.get("meta") or {}).get("gpu") or ""
+    return next((tbps for name, tbps in DEVICE_COPY_TBPS.items() if gpu.startswith(name)), None)
+
+
+def extra_cells(line, extras, copy_tbps):
+    """The cells of a result line's extra figures (a derived one computed from its field, the %
+    of copy from the GPU's copy bandwidth `copy_tbps`): "-" where it has none (its status is in
+    the table's figure column, or the GPU's copy bandwidth is not known)."""
     cells = []
     for x in extras:
-        field, value = DERIVED.get(x, (x, lambda v: v))
-        cells.append(METRICS[x][1].format(value(line[field])) if is_ok(line, field) else "-")
+        field = DERIVED.get(x, x)
+        if not is_ok(line, field) or (x == "copy_pct" and copy_tbps is None):
+            cells.append("-")
+            continue
+        value = 100.0 * line[field] / copy_tbps if x == "copy_pct" else line[field]
+        cells.append(METRICS[x][1].format(value))
     return cells
 
 
@@ -239,6 +255,7 @@ def markdown_table(merged):
     of the table's figure (the inverse ratio of the kernel times)."""
     notes = Footnotes()
     rows, summary = [], []
+    copy_tbps = device_copy_tbps(merged)
     for title, shapes, impls, metric, extras in table_groups(merged):
         unit, fmt = METRICS[metric]
         peers = [i for i in impls if i != OURS]
@@ -258,12 +275,12 @@ def markdown_table(merged):
             ours = res.get(OURS)
             cells = [s["name"], figure_cell(ours, metric, fmt) if is_ok(ours, metric)
                      else notes.ref(OURS, ours)]
-            cells += extra_cells(ours, extras) + ([host_cell(ours)] if host else [])
+            cells += extra_cells(ours, extras, copy_tbps) + ([host_cell(ours)] if host else [])
             for p in peers:
                 line = res.get(p)
                 cells.append(figure_cell(line, metric, fmt) if is_ok(line, metric)
                              else notes.ref(p, line))
-                cells += extra_cells(line, extras) + ([host_cell(line)] if host else [])
+                cells += extra_cells(line, extras, copy_tbps) + ([host_cell(line)] if host else [])
                 if is_ok(ours, metric) and is_ok(line, metric):
                     r = ours[metric] / line[metric]
                     ratios[p].append((r, s["name"]))
@@ -412,6 +429,7 @@ def plot_paged(merged, path):
         raise ValueError("nothing to plot: no shapes")
     plt = load_pyplot()
     colors = {impl: f"C{n}" for n, impl in enumerate(merged["impls"])}
+    copy_tbps = device_copy_tbps(merged)
     most = max(len(group[1]) for group in groups)
     width = max(BAR_PANEL_MIN_WIDTH_IN, BAR_PANEL_WIDTH_PER_SHAPE_IN * most)
     fig = plt.figure(figsize=(width, BAR_PANEL_HEIGHT_IN * len(groups) + 1.0))
@@ -421,13 +439,13 @@ def plot_paged(merged, path):
         bar_panel(ax, shapes, impls, colors, metric, METRICS[metric][0])
         top = max([s["results"][i][metric] for s in shapes for i in impls
                    if is_ok(s["results"].get(i), metric)], default=0.0)
-        if metric == "tbps":
-            ax.axhline(DEVICE_COPY_TBPS, color="black", linestyle="--", linewidth=1.0)
-            ax.annotate(f"{DEVICE_COPY_LABEL}: {DEVICE_COPY_TBPS:g} TB/s",
-                        (1.0, DEVICE_COPY_TBPS), xycoords=("axes fraction", "data"),
+        if metric == "tbps" and copy_tbps is not None:
+            ax.axhline(copy_tbps, color="black", linestyle="--", linewidth=1.0)
+            ax.annotate(f"{DEVICE_COPY_LABEL}: {copy_tbps:g} TB/s",
+                        (1.0, copy_tbps), xycoords=("axes fraction", "data"),
                         xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom",
                         fontsize=8)
-            top = max(top, DEVICE_COPY_TBPS)
+            top = max(top, copy_tbps)
         ax.set_ylim(0, (top or 1.0) * PAGED_Y_HEADROOM)
         ax.set_title(f"{title} ({METRICS[metric][0]})", fontsize=10)
         axes.append(ax)
@@ -489,9 +507,13 @@ def markdown_section(merged, plot_link, json_link):
     out.append(f"- Command: `{meta.get('command') or 'not recorded'}`")
     out.append(method_line(merged, shapes_cmd))
     if suite == SUITE_PAGED:
+        copy_tbps = device_copy_tbps(merged)
+        copy_note = (f"the device-to-device copy reaches about {copy_tbps:g} TB/s on this GPU"
+                     if copy_tbps is not None else
+                     "this GPU's device-to-device copy bandwidth is not recorded here "
+                     "(bench/report.py DEVICE_COPY_TBPS), so no % of copy is given")
         out.append(f"- Figures: batch decode is bound by memory: TB/s = the shape's `bytes` (Q, "
-                   f"K and V read once, O written once) over the median time; the "
-                   f"device-to-device copy reaches about {DEVICE_COPY_TBPS:g} TB/s on this GPU. "
+                   f"K and V read once, O written once) over the median time; {copy_note}. "
                    "Batch paged prefill is bound by compute: TFLOP/s = the shape's `flops` over "
                    "the median time, and its ratios are of TFLOP/s; its TB/s is shown beside.")
         if len(merged["impls"]) > 1:

@@ -146,6 +146,7 @@ def _paged_self_test(check):
                         line("append-x-e4m3", IMPL_FI_APPEND, None, status=FP8_MISSING)])
     merged = {**_merged([decode, append, fp8], [report.OURS, IMPL_FI_DECODE, IMPL_FI_APPEND]),
               "suite": SUITE_PAGED}
+    merged["meta"] = {**merged["meta"], "gpu": "NVIDIA H200, driver 580"}
     rows, summary, notes = report.markdown_table(merged)
     text = "\n".join(rows)
     decode_table = text.split("### Append to the paged cache")[0]
@@ -166,5 +167,14 @@ def _paged_self_test(check):
                            "geometric mean 2.00x") for s in summary), "paged: the append summary")
     section = report.markdown_section(merged, None, None)
     check(section.startswith(f"## {report.PAGED_TITLE_WITH_APPEND}")
-          and "- Append: TB/s" in section,
-          "paged: the section's title and its note on the append")
+          and "- Append: TB/s" in section and "about 4.3 TB/s on this GPU" in section,
+          "paged: the section's title, its note on the append and the GPU's copy bandwidth")
+    # A GPU whose copy bandwidth is not recorded: no % of copy, said so; not the H200's ceiling.
+    other = {**merged, "meta": {**merged["meta"], "gpu": "NVIDIA H100 80GB HBM3, driver 580"}}
+    rows, _, _ = report.markdown_table(other)
+    row = next(r for r in rows if r.startswith("| append-x "))
+    check("| 3.44 | - |" in row and "| 1.72 | - |" in row and "2.00x" in row,
+          "paged: no % of copy on a GPU whose copy bandwidth is not recorded")
+    section = report.markdown_section(other, None, None)
+    check("4.3 TB/s" not in section and "no % of copy is given" in section,
+          "paged: the section says the GPU's copy bandwidth is not recorded")
