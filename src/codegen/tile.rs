@@ -450,8 +450,10 @@ impl TileConfig {
     /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
     /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
     /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies' addresses
-    /// beside the accumulators) and warp-specialised head-dim-128 ones (the custom mask's, up to
-    /// 68 B with `ws2q1kv128`; soft-cap 12-20 B); no kernel serializes its wgmma. Code
+    /// beside the accumulators) and warp-specialised ones (at head dim 128 the custom mask's, up
+    /// to 68 B with `ws2q1kv128`, soft-cap 12-20 B; over a paged cache every head-dim-64
+    /// `ws2q1kv128` one, 40-56 B, and most (192, 128) ones, 8-60 B); no kernel serializes its
+    /// wgmma. Code
     /// that removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
     /// --tiles-of sm_80`. The budget keeps the rest visible and bounded: `attnforge compile
