@@ -503,14 +503,23 @@ fn problems_the_generator_cannot_emit_are_refused_with_the_supported_list() {
 
 /// The fp8 kernels of the matrix are paged f32-accumulation kernels (e4m3 with every built-in
 /// variant, e5m2 without a variant), named after the format, with the policy of their plain twin;
-/// fp8 over ragged K/V is refused.
+/// fp8 over ragged K/V is refused, and so is the warp-specialised tile (its paged kernels have no
+/// fp8 twin).
 #[test]
 fn fp8_kernels_are_the_paged_kernels_per_format() {
     let matrix = compile_matrix();
     let plain: Vec<&KernelSpec> = matrix
         .iter()
-        .filter(|s| s.kv_fp8.is_none() && s.kv == KvCache::Paged && s.qk_accum == QkAccum::F32)
+        .filter(|s| {
+            s.kv_fp8.is_none()
+                && s.kv == KvCache::Paged
+                && s.qk_accum == QkAccum::F32
+                && !s.tile.warp_specialized
+        })
         .collect();
+    assert!(matrix
+        .iter()
+        .all(|s| s.kv_fp8.is_none() || !s.tile.warp_specialized));
     let fp8: Vec<&KernelSpec> = matrix.iter().filter(|s| s.kv_fp8.is_some()).collect();
     // e4m3 with the four built-in variants, e5m2 without a variant: of the five variants.
     assert_eq!(fp8.len() * 5, plain.len() * (4 + 1));
