@@ -43,6 +43,7 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 
 import peers_timing
@@ -70,9 +71,12 @@ PAGED_TITLE_WITH_APPEND = "Paged KV cache: batch decode, paged prefill and appen
 PAGED_GROUPS = [("Batch decode", PAGED_DECODE, "tbps", []),
                 ("Batch paged prefill", PAGED_PREFILL, "tflops", ["tbps"]),
                 ("Append to the paged cache", PAGED_APPEND, "tbps", ["copy_pct"])]
-# The device-to-device copy bandwidth measured on a GPU, by the start of the name the result's
-# meta gives it (shared/peers/README.md: 4.3 TB/s on the H200). A GPU not listed gets no % of
-# copy ("-") and no copy line in its plot: a ceiling is not assumed from another GPU.
+# The device-to-device copy bandwidth of a run: the environment line scripts/gpu-suite writes
+# ("device copy: X TB/s ..."), measured in the same run; for results without one, the figure
+# measured earlier on the GPU the meta names (shared/peers/README.md: 4.3 TB/s on the H200). A
+# GPU with neither gets no % of copy ("-") and no copy line in its plot: a ceiling is not assumed
+# from another GPU.
+DEVICE_COPY_LINE = re.compile(r"^device copy: ([0-9.]+) TB/s")
 DEVICE_COPY_TBPS = {"NVIDIA H200": 4.3}
 # The figures computed from another: field -> the field it is computed from (with the GPU's copy
 # bandwidth, extra_cells).
@@ -210,8 +214,14 @@ def table_groups(merged):
 
 
 def device_copy_tbps(merged):
-    """The copy bandwidth of the GPU the result was measured on (DEVICE_COPY_TBPS), or None."""
-    gpu = (merged.get("meta") or {}).get("gpu") or ""
+    """The copy bandwidth of the GPU the result was measured on: measured in the run
+    (DEVICE_COPY_LINE), else known for the GPU (DEVICE_COPY_TBPS), else None."""
+    meta = merged.get("meta") or {}
+    for line in meta.get("environment") or []:
+        match = DEVICE_COPY_LINE.match(line)
+        if match:
+            return float(match.group(1))
+    gpu = meta.get("gpu") or ""
     return next((tbps for name, tbps in DEVICE_COPY_TBPS.items() if gpu.startswith(name)), None)
 
 

@@ -178,3 +178,12 @@ def _paged_self_test(check):
     section = report.markdown_section(other, None, None)
     check("4.3 TB/s" not in section and "no % of copy is given" in section,
           "paged: the section says the GPU's copy bandwidth is not recorded")
+    # The copy bandwidth measured in the run (gpu-suite's environment line) comes first.
+    measured = {**other, "meta": {**other["meta"], "environment": [
+        "host: x", "device copy: 3.44 TB/s (torch copy_ of 1 GiB, read and write, median of 20)"]}}
+    rows, _, _ = report.markdown_table(measured)
+    row = next(r for r in rows if r.startswith("| append-x "))
+    check("| 3.44 | 100% |" in row and "| 1.72 | 50% |" in row,
+          "paged: the % of copy of the copy bandwidth measured in the run")
+    check("about 3.44 TB/s on this GPU" in report.markdown_section(measured, None, None),
+          "paged: the section gives the copy bandwidth measured in the run")
