@@ -158,6 +158,13 @@ __device__ __forceinline__ void wgmma_wait() {
   "%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 #define AF_WGMMA_D16(d) AF_WGMMA_D4(d, 0), AF_WGMMA_D4(d, 1), AF_WGMMA_D4(d, 2), AF_WGMMA_D4(d, 3)
 #define AF_WGMMA_D16_TEXT "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+// f16 accumulators: 8 n8 tiles (from tile n) of two f16x2 registers a thread.
+#define AF_WGMMA_H2(d, n) "+r"(d[n][0]), "+r"(d[n][1])
+#define AF_WGMMA_H16_AT(d, n)                                                                                 \
+  AF_WGMMA_H2(d, n), AF_WGMMA_H2(d, n + 1), AF_WGMMA_H2(d, n + 2), AF_WGMMA_H2(d, n + 3), AF_WGMMA_H2(d, n + 4), \
+      AF_WGMMA_H2(d, n + 5), AF_WGMMA_H2(d, n + 6), AF_WGMMA_H2(d, n + 7)
+#define AF_WGMMA_H16(d) AF_WGMMA_H16_AT(d, 0)
+#define AF_WGMMA_H16_TEXT AF_WGMMA_D16_TEXT
 
 // d (+)= A B, m64n64k16, f32 accumulators, A and B (K-major) from shared memory; `accumulate`
 // false overwrites d.
@@ -205,17 +212,17 @@ AF_WGMMA_SPECIALISE(f16_t, ".f16")
 AF_WGMMA_SPECIALISE(bf16_t, ".bf16")
 #undef AF_WGMMA_SPECIALISE
 
-// d += A B, m64n64k16, f16 inputs and f16 accumulators (rounded to f16 after each product), A and
-// B (K-major) from shared memory: per thread, 8 n8 tiles of two f16x2 registers in the mma.m16n8
-// f16 C layout (row g, then row g + 8).
-__device__ __forceinline__ void wgmma_m64n64k16_ss_f16acc(u32_t (&d)[8][2], u64_t a_desc, u64_t b_desc) {
+// d (+)= A B, m64n64k16, f16 inputs and f16 accumulators (rounded to f16 after each product), A
+// and B (K-major) from shared memory: per thread, 8 n8 tiles of two f16x2 registers in the
+// mma.m16n8 f16 C layout (row g, then row g + 8); `accumulate` false overwrites d.
+__device__ __forceinline__ void wgmma_m64n64k16_ss_f16acc(u32_t (&d)[8][2], u64_t a_desc, u64_t b_desc,
+                                                          bool accumulate) {
   asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;"
-      : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[3][0]),
-        "+r"(d[3][1]), "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[6][0]), "+r"(d[6][1]),
-        "+r"(d[7][0]), "+r"(d[7][1])
-      : "l"(a_desc), "l"(b_desc));
+      AF_WGMMA_H16_TEXT ", %16, %17, p, 1, 1, 0, 0;\n}"
+      : AF_WGMMA_H16(d)
+      : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
 }
 
 // Whether `pred` holds in every thread of this thread's warpgroup (warps 4g..4g + 3), through

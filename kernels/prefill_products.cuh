@@ -98,10 +98,10 @@ __device__ __forceinline__ void qk_wgmma(u32_t q_base, u32_t k_base, float (&s)[
 // S = Q K^T with f16 accumulators by wgmma (the same products) into `acc`, which the caller has
 // zeroed.
 __device__ __forceinline__ void qk_wgmma_f16(u32_t q_base, u32_t k_base, u32_t (&acc)[MMA_Q][KV_NT][2]) {
-  // (The warp-specialised tiles, whose 128-key tiles it does not cover, accumulate QK in f32 only.)
+  // (The warp-specialised tiles, whose 128-key tiles it does not cover, issue their own: prefill_ws.cuh.)
   static_assert(!WGMMA || KV_NT == 8 || spec::WARP_SPECIALIZED, "one m64n64k16 product per m64 tile and k16 step");
   qk_wgmma_products(q_base, k_base, [&](int mq, int, u64_t a, u64_t b) {
-    wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b);
+    wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[mq][0]), a, b, true);
   });
 }
 
@@ -120,17 +120,34 @@ __device__ __forceinline__ void qk_tile_f32(const FragAddrs& f, u32_t k_base, in
   }
 }
 
+// Whether every f16 accumulator in `acc` is finite in every thread of the warp (WARPGROUP_VOTE:
+// of the warpgroup `warpgroup`, whose warps must then take the same path to their next products),
+// at one HFMA2 per accumulator register (a pairwise tree of f16x2_nonfinite_or, level l folding
+// register i + 2^l into register i, so that register 0 ends up non-finite in a half iff some
+// accumulator half is) and one vote (a warpgroup barrier with WARPGROUP_VOTE).
+template <bool WARPGROUP_VOTE, int M, int NT>
+__device__ __forceinline__ bool f16_accumulators_finite(const u32_t (&acc)[M][NT][2], int warpgroup) {
+  constexpr int REGS = M * NT * 2;
+  u32_t tree[REGS];
+#pragma unroll
+  for (int i = 0; i < REGS; ++i) tree[i] = acc[i / (NT * 2)][(i / 2) % NT][i % 2];
+#pragma unroll
+  for (int l = 0; (1 << l) < REGS; ++l)
+#pragma unroll
+    for (int i = 0; i + (1 << l) < REGS; i += 2 << l) tree[i] = f16x2_nonfinite_or(tree[i + (1 << l)], tree[i]);
+  if constexpr (WARPGROUP_VOTE) return warpgroup_all(f16x2_finite(tree[0]), warpgroup);
+  return !__any_sync(0xffffffffu, !f16x2_finite(tree[0]));
+}
+
 // S = Q K^T with f16 accumulators (rounded to f16 after each k16 step) into `acc`: mma.sync, or
 // wgmma from the warpgroup's Q rows at `q_group_base`. Returns whether every accumulator of the
 // warp is finite (with wgmma: of the warpgroup, whose warps must then take the same path to their
-// next products), at one HFMA2 per accumulator register (a tree of f16x2_nonfinite_or) and one
-// vote (a warpgroup barrier with wgmma).
+// next products): f16_accumulators_finite.
 // WARPGROUP_VOTE false: of the warp alone (a vote of its lanes), for a caller whose warps may take
 // different paths to the same products (policy::F16_WARP_CHOICE).
 template <bool WARPGROUP_VOTE = WGMMA>
 __device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t q_group_base, u32_t k_base, int warpgroup,
                                        u32_t (&acc)[MMA_Q][KV_NT][2]) {
-  constexpr int REGS = MMA_Q * KV_NT * 2;
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
@@ -140,26 +157,17 @@ __device__ __forceinline__ bool qk_f16(const FragAddrs& f, u32_t q_group_base, u
   } else {
     qk_tiles(f, k_base, acc, [](u32_t (&c)[2], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f16acc(c, a, b0, b1); });
   }
-  // Pairwise tree, level l folding register i + 2^l into register i: tree[0] ends up non-finite
-  // in a half iff some accumulator half is.
-  u32_t tree[REGS];
-#pragma unroll
-  for (int i = 0; i < REGS; ++i) tree[i] = acc[i / (KV_NT * 2)][(i / 2) % KV_NT][i % 2];
-#pragma unroll
-  for (int l = 0; (1 << l) < REGS; ++l)
-#pragma unroll
-    for (int i = 0; i + (1 << l) < REGS; i += 2 << l) tree[i] = f16x2_nonfinite_or(tree[i + (1 << l)], tree[i]);
-  if constexpr (WARPGROUP_VOTE) return warpgroup_all(f16x2_finite(tree[0]), warpgroup);
-  return !__any_sync(0xffffffffu, !f16x2_finite(tree[0]));
+  return f16_accumulators_finite<WARPGROUP_VOTE>(acc, warpgroup);
 }
 
 // The f16 accumulators of keys [piece * NT * 8, (piece + 1) * NT * 8) of the sub-tile, widened
 // exactly to f32. Unless `finite`, an accumulator that overflowed (inf or NaN: a non-finite
 // partial sum never becomes finite again) is replaced by the f32-accumulated logit: n8 tile by
 // n8 tile (warp-uniform, as the MMA needs) where some lane has one, each lane keeping its finite
-// elements.
-template <int NT>
-__device__ __forceinline__ void widen_f16(const FragAddrs& f, u32_t k_base, const u32_t (&acc)[MMA_Q][KV_NT][2],
+// elements. `f` is the Q and K fragments' addresses that qk_tile_f32 takes (FragAddrs; the
+// warp-specialised kernel passes its own, with an overload of qk_tile_f32).
+template <int NT, typename Frags>
+__device__ __forceinline__ void widen_f16(const Frags& f, u32_t k_base, const u32_t (&acc)[MMA_Q][KV_NT][2],
                                           int piece, bool finite, float (&s)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)

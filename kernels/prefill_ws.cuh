@@ -15,7 +15,8 @@
 // - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
 //   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
 //   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
-//   (prefill_step.cuh), the stores of prefill_epilogue.cuh;
+//   (prefill_step.cuh), the stores of prefill_epilogue.cuh; with f16 QK accumulation S is
+//   accumulated in f16 and widened to f32 before the logits (ws_widen_s);
 // - the consumers take turns at the tensor cores (ping-pong, two named barriers): a warpgroup
 //   issues its products of a turn (S_j = Q K_j^T, then P_{j-1} V_{j-1}) and hands the turn over,
 //   so that its softmax runs while the other warpgroup's products do;
@@ -75,8 +76,8 @@ constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BY
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
 static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
-                  spec::KV_FP8 == KV_FP8_NONE && !spec::QK_F16_ACCUM,
-              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, f16/bf16 K/V, f32 QK");
+                  spec::KV_FP8 == KV_FP8_NONE,
+              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, f16/bf16 K/V");
 static_assert(!WS_OUTPUT_IN_Q_TILE || !WS_Q_IN_REGISTERS,
               "the output staged in the Q tile: the products read Q from there, so its rows are free only after them");
 // Arrivals that complete a full barrier's phase: the producer's thread 0 (with its TMA bytes), or
@@ -339,6 +340,28 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], u64_t a_d
   }
 }
 
+// d (+)= A B, m64n64k16, f16 inputs and f16 accumulators, A from registers, B K-major from shared
+// memory (the f16-QK twin of wgmma_m64n64k16_rs_kmajor; d in wgmma_m64n64k16_ss_f16acc's layout).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor_f16acc(u32_t (&d)[8][2], const u32_t (&a)[4], u64_t b_desc,
+                                                                 bool accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 " AF_WGMMA_H16_TEXT
+               ", {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+               : AF_WGMMA_H16(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+}
+
+// d (+)= A B, m64n128k16, f16 inputs and f16 accumulators, A and B (K-major) from shared memory
+// (the f16-QK twin of wgmma_m64n128k16_ss: 16 n8 tiles of two f16x2 registers).
+__device__ __forceinline__ void wgmma_m64n128k16_ss_f16acc(u32_t (&d)[16][2], u64_t a_desc, u64_t b_desc,
+                                                           bool accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f16.f16.f16 " AF_WGMMA_D32_TEXT
+               ", %32, %33, p, 1, 1, 0, 0;\n}"
+               : AF_WGMMA_H16(d), AF_WGMMA_H16_AT(d, 8)
+               : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+}
+
 // This warp's Q rows as the A fragments of S = Q K^T, one per k16 step, read once from the Q tile:
 // the products then read only K from shared memory (with Q there too, two warpgroups' m64n64k16
 // products and the TMA copies together would ask for all of the SM's shared-memory bandwidth).
@@ -378,6 +401,80 @@ __device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, float (&
     }
   }
   wgmma_commit();
+}
+
+// S = Q K^T for one tile with f16 accumulators (f16 QK accumulation: Q prescaled), issued as one
+// wgmma group (not waited for): ws_issue_qk's products with the f16-accumulating instructions.
+template <int NT>
+__device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, u32_t (&acc)[MMA_Q][NT][2]) {
+  static_assert(NT * 8 == KV_TILE && (NT == 8 || !WS_Q_IN_REGISTERS), "as the f32 products");
+  const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
+  const WgmmaDesc a = WgmmaDesc::sw128(q.group_rows, 16, SW128_GROUP_BYTES);
+#pragma unroll
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) {
+    const u64_t k_desc = k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32);
+    const u64_t q_desc = a.at((kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32);
+    if constexpr (NT == 16) {
+      wgmma_m64n128k16_ss_f16acc(acc[0], q_desc, k_desc, kk > 0);
+    } else if constexpr (WS_Q_IN_REGISTERS) {
+      wgmma_m64n64k16_rs_kmajor_f16acc(acc[0], q.frags[kk], k_desc, kk > 0);
+    } else {
+      wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[0]), q_desc, k_desc, kk > 0);
+    }
+  }
+  wgmma_commit();
+}
+
+// f16 QK accumulation: this warp's Q rows times p.q_prescale, rounded to f16 (as prescale_q scales
+// the Q tile of the other kernels), once per item: its A fragments (WS_Q_IN_REGISTERS), or its rows
+// of the Q tile at `q_tile`, each thread's own copies (ws_load_q_async's), which it has waited for.
+__device__ __forceinline__ void ws_prescale_q(const PrefillParams& p, WsQ& q, const QTile& q_tile,
+                                              unsigned char* q_bytes, int cwarp, int lane) {
+  if constexpr (WS_Q_IN_REGISTERS) {
+    const u32_t s2 = DTypeTraits<f16_t>::pack2(p.q_prescale, p.q_prescale);
+#pragma unroll
+    for (int kk = 0; kk < QK_CHUNKS / 2; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) q.frags[kk][r] = f16x2_mul(q.frags[kk][r], s2);
+  } else {
+    prescale_q(q_tile, q_bytes, p.q_prescale, cwarp, lane);
+  }
+}
+
+// The Q and K fragments' addresses of the f16-QK overflow fallback (widen_f16): this warp's Q rows
+// as its prescaled A fragments (WS_Q_IN_REGISTERS), or in the Q tile through `f`, which also
+// locates the K rows.
+struct WsQkFrags {
+  const WsQ& q;
+  FragAddrs f;
+};
+
+// qk_tile_f32 of the warp-specialised kernel: n8 tile `nt` of S = Q K^T with f32 accumulators by
+// this warp's mma.sync, K rows from `k_base` (m16 tile 0: a warp holds 16 rows).
+__device__ __forceinline__ void qk_tile_f32(const WsQkFrags& w, u32_t k_base, int, int nt, float (&c)[4]) {
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  // Unrolled with Q in registers (an indexed fragment would go to the stack); else a loop.
+#pragma unroll(WS_Q_IN_REGISTERS ? QK_CHUNKS / 2 : 1)
+  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) {
+    u32_t a[4], b[4];
+    if constexpr (WS_Q_IN_REGISTERS) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[r] = w.q.frags[kk][r];
+    } else {
+      ldmatrix_x4(a, w.f.q.at(w.f.q_base, 0, kk * 2));
+    }
+    ldmatrix_x4(b, w.f.k.at(k_base, (nt / 2) * 16, kk * 2));
+    mma_f32acc<DTypeIn>(c, a, b[2 * (nt % 2)], b[2 * (nt % 2) + 1]);
+  }
+}
+
+// f16 QK accumulation: the S_j accumulators `acc` (waited for) widened into the logits `s`
+// (widen_f16), an overflowed n8 tile computed again with f32 accumulators from K_j's rows at
+// `k_base`, which the caller releases only after this.
+template <int NT>
+__device__ __forceinline__ void ws_widen_s(const WsQ& q, const FragAddrs& f, u32_t k_base,
+                                           const u32_t (&acc)[MMA_Q][NT][2], float (&s)[MMA_Q][NT][4]) {
+  widen_f16(WsQkFrags{q, f}, k_base, acc, 0, f16_accumulators_finite<false>(acc, 0), s);
 }
 
 // O += P V for one tile, issued as one wgmma group (not waited for): P as the A fragments
@@ -451,7 +548,10 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       __syncwarp();
       ws_load_q_fragments(FragAddrs(q_tile(0).base, warp_rows.first, lane), q.frags);
       __syncwarp();
+      if constexpr (spec::QK_F16_ACCUM) ws_prescale_q(p, q, q_tile(0), nullptr, cwarp, lane);
     } else {
+      if constexpr (spec::QK_F16_ACCUM)
+        ws_prescale_q(p, q, q_tile(q_buf), smem_raw + (q_tile(q_buf).base - raw_base), cwarp, lane);
       fence_proxy_async_shared();
     }
     const int next = i + gridDim.x;
@@ -474,20 +574,38 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       // consumer 1 hands its last one over to nobody.
       if (consumer == 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
       float s[MMA_Q][KV_NT][4];
+      // With f16 QK accumulation, the products' accumulators (ws_widen_s widens them into s);
+      // unused otherwise.
+      u32_t acc[MMA_Q][KV_NT][2];
       u32_t pf[KV_NT / 2][MMA_Q][4];  // P of the tile before, as the A fragments of P V
       auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < KV_NT / 2; ++kk)
           p_block_fragments(F32Logits<MMA_Q, KV_NT, DTypeIn>{s}, softmax, kk, pf[kk]);
       };
+      // S_j = Q K_j^T issued into s, or with f16 QK accumulation into acc.
+      auto issue_qk = [&](u32_t k_tile) {
+        if constexpr (spec::QK_F16_ACCUM) {
+          ws_issue_qk(q, k_tile, acc);
+        } else {
+          ws_issue_qk(q, k_tile, s);
+        }
+      };
+      // S_j, waited for, as floats in s: with f16 QK accumulation widened from acc, reading K_j's
+      // rows where a tile overflowed (so before K_j is released).
+      auto s_to_floats = [&](u32_t k_tile) {
+        if constexpr (spec::QK_F16_ACCUM)
+          ws_widen_s(q, FragAddrs(q_tile(q_buf).base, warp_rows.first, lane), k_tile, acc, s);
+      };
       // Tile 0: S_0 alone in this turn.
       ring.wait_full(ws::Rows::K, first);
       ws_rows_to_products();
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
-      ws_issue_qk(q, ring.k(first).base, s);
+      issue_qk(ring.k(first).base);
       ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
+      s_to_floats(ring.k(first).base);
       ring.release(ws::Rows::K, first);
       float_logits_update(p, rows, it.m, it.tile, it.tok_lo, it.tok_hi, it.kv_lo, lane, softmax_scale, softmax, s, o);
       pack_p();
@@ -501,10 +619,11 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
         ws_rows_to_products();
         ws::named_sync(my_turn, 2 * 128);
         wgmma_fence();
-        ws_issue_qk(q, ring.k(t).base, s);
+        issue_qk(ring.k(t).base);
         ws_issue_pv(ring.v(t - 1).base, pf, o);
         ws::named_arrive(other_turn, 2 * 128);
         wgmma_wait<1>();
+        s_to_floats(ring.k(t).base);
         ring.release(ws::Rows::K, t);
         float factors[MMA_Q][1][4];
 #pragma unroll

@@ -66,7 +66,6 @@ fn it_runs_on_sm90a_only_at_head_dims_64_128_256_and_192_128() {
     let d256 = HeadDims::equal(256).unwrap();
     assert!(!t.runs_on(Arch::Sm90a, d256) && !t.supports_wgmma(d256));
     assert!(t.supports(KvCache::Ragged) && t.supports(KvCache::Paged));
-    assert!(t.supports_qk_accum(QkAccum::F32) && !t.supports_qk_accum(QkAccum::F16));
     assert!(!t.plans_kv_split());
     // Eight stages of head dim 128 do not fit one CTA's shared memory.
     let eight = TileConfig::parse("ws8q1kv64").unwrap();
@@ -129,15 +128,18 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
             what, supported, ..
         }) => {
             assert!(what.contains("ws4q1kv64"), "{what}");
-            assert!(supported.contains("f32 QK accumulation"), "{supported}");
+            assert!(supported.contains("head dims 64, 128, 256"), "{supported}");
             what
         }
         other => panic!("expected Unsupported, got {other:?}"),
     };
     assert!(refused(&problem(256, DType::Bf16), KvCache::Ragged).contains("head dims"));
+    // f16 QK accumulation over either K/V.
     let mut qk16 = problem(128, DType::F16);
     qk16.qk_accum = QkAccum::F16;
-    assert!(refused(&qk16, KvCache::Ragged).contains("QK"));
+    for kv in KvCache::ALL {
+        assert!(KernelSpec::for_problem(&qk16, kv, ws()).is_ok());
+    }
     assert!(KernelSpec::for_problem(&problem(64, DType::Bf16), KvCache::Ragged, ws()).is_ok());
     // A paged cache of f16/bf16 pages, but not of fp8 codes.
     let paged = KernelSpec::for_problem(&problem(128, DType::F16), KvCache::Paged, ws()).unwrap();
@@ -153,14 +155,22 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
 }
 
 #[test]
-fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_and_paged_kv() {
+fn the_matrix_has_them_for_every_mask_variant_and_qk_accumulation_over_ragged_and_paged_kv() {
     let kernels: Vec<KernelSpec> = compile_matrix()
         .into_iter()
         .filter(|s| s.tile.warp_specialized)
         .collect();
-    // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 2 dtypes x 4 masks x 5
-    // variants x (ragged, paged); none over fp8 pages.
-    assert_eq!(kernels.len(), 480);
+    // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 3 dtype and QK
+    // accumulation pairs (f16 with f32 and with f16 QK, bf16) x 4 masks x 5 variants x (ragged,
+    // paged); none over fp8 pages.
+    assert_eq!(kernels.len(), 720);
+    assert_eq!(
+        kernels
+            .iter()
+            .filter(|s| s.qk_accum == QkAccum::F16)
+            .count(),
+        240
+    );
     for s in &kernels {
         if s.head_dims.qk() == 256 {
             assert_eq!(s.tile, TileConfig::WARP_SPECIALIZED_D256);
@@ -169,7 +179,8 @@ fn the_matrix_has_them_for_every_mask_and_variant_of_f32_qk_over_ragged_and_page
         } else {
             assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
         }
-        assert!(s.qk_accum == QkAccum::F32 && s.kv_fp8.is_none());
+        assert!(s.kv_fp8.is_none());
+        assert!(s.qk_accum == QkAccum::F32 || s.input_dtype == DType::F16);
         assert!(s.tile.runs_on(Arch::Sm90a, s.head_dims));
         assert_eq!(s.copies_kv_by_tma(), s.kv == KvCache::Ragged);
     }
@@ -276,7 +287,52 @@ fn head_dim_256_kernels_compile_within_their_spill_budget() {
         );
         assert_eq!(
             r.spill_budget_bytes,
-            TileConfig::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES
+            TileConfig::WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES
+        );
+        assert!(report.wgmma_serialized.is_none(), "{}", r.name);
+    }
+}
+
+/// With f16 QK accumulation each tile's kernel compiles (its f16-accumulating wgmma, the
+/// widening and the f32 fallback by `mma.sync`) within its spill budget and keeps its products
+/// asynchronous: the plain causal f16 kernel of each warp-specialised tile the planner or
+/// `--tile` can give head dims 128 and 256.
+#[test]
+fn f16_qk_kernels_compile_within_their_spill_budget() {
+    let Some(nvrtc) = nvrtc() else { return };
+    for (tile, d) in [
+        (ws(), 128),
+        (ws128(), 128),
+        (TileConfig::WARP_SPECIALIZED_D256, 256),
+    ] {
+        let spec = compile_matrix()
+            .into_iter()
+            .find(|s| {
+                s.tile == tile
+                    && s.head_dims.qk() == d
+                    && s.qk_accum == QkAccum::F16
+                    && s.mask == MaskKind::Causal
+                    && s.variant == VariantSpec::None
+                    && s.kv == KvCache::Ragged
+            })
+            .unwrap();
+        let r = render(&spec);
+        assert!(r.source.contains("constexpr bool QK_F16_ACCUM = true;"));
+        let src = KernelSource {
+            name: &r.name,
+            entry: &r.entry,
+            source: &r.source,
+            snippets: &r.snippets,
+        };
+        let compiled = compile(&nvrtc, &src, &CompileOptions::new(Arch::Sm90a))
+            .unwrap_or_else(|e| panic!("{}: {e}", r.name));
+        let report = &compiled.report;
+        let spills = report.spill_store_bytes.max(report.spill_load_bytes);
+        assert!(
+            spills <= u64::from(r.spill_budget_bytes),
+            "{}: {spills} bytes spilled, budget {}",
+            r.name,
+            r.spill_budget_bytes
         );
         assert!(report.wgmma_serialized.is_none(), "{}", r.name);
     }

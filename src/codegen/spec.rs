@@ -147,9 +147,8 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
     Ok(())
 }
 
-/// Refuses a problem the warp-specialised tile cannot compute, saying what it can: f32 QK
-/// accumulation, head dims 64, 128, 256 and (192, 128) (the ring in one CTA's shared
-/// memory).
+/// Refuses a problem the warp-specialised tile cannot compute, saying what it can: head dims 64,
+/// 128, 256 and (192, 128) (the ring in one CTA's shared memory).
 fn check_warp_specialized(
     problem: &AttentionProblem,
     kv: KvCache,
@@ -157,8 +156,6 @@ fn check_warp_specialized(
 ) -> Result<(), Error> {
     let what = if !tile.supports(kv) {
         Some(format!("{} K/V", kv.name()))
-    } else if !tile.supports_qk_accum(problem.qk_accum) {
-        Some(format!("{} QK accumulation", problem.qk_accum.name()))
     } else if !tile.supports_wgmma(problem.head_dims) {
         Some(format!("head dims {}", problem.head_dims))
     } else {
@@ -170,7 +167,7 @@ fn check_warp_specialized(
             backend: "cuda",
             what: format!("the warp-specialised tile {} with {what}", tile.label()),
             supported:
-                "f32 QK accumulation, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
+                "ragged or paged K/V, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
                     .into(),
         }),
     }

@@ -219,12 +219,6 @@ impl TileConfig {
         self.warp_specialized || self.kv_stages == 2 || kv == KvCache::Ragged
     }
 
-    /// Whether a kernel with this QK accumulation can use this tiling: the warp-specialised
-    /// tile accumulates S = Q K^T in f32 only.
-    pub fn supports_qk_accum(self, qk_accum: QkAccum) -> bool {
-        !self.warp_specialized || qk_accum == QkAccum::F32
-    }
-
     /// Whether the planner splits the KV range over several CTAs with this tile on its own
     /// (`choose_kv_split`): not with the warp-specialised tile, whose split runs only when a plan
     /// asks for one (`SplitChoice::ChunkKeys`), since the split heuristic was measured with the
@@ -460,20 +454,23 @@ impl TileConfig {
     /// --arch sm_90a,sm_80` lists every kernel's spills and fails one past the budget.
     pub const SPILL_BUDGET_BYTES: u32 = 128;
 
-    /// The spill budget of the warp-specialised head-dim-256 kernels
-    /// ([`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256)): each consumer thread holds 128
-    /// output accumulators, 32 logits and 16 registers of P at most 240 registers, and ptxas
-    /// spills 8-72 bytes, 92-140 with soft-cap or a window's ALiBi (local loads in the main loop,
-    /// the rest in the per-item set-up and epilogue), NVRTC 13, `attnforge compile --arch sm_90a
-    /// --filter ws2q1kv64`.
-    pub const WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES: u32 = 192;
+    /// The spill budget of the warp-specialised kernels whose products read Q from shared memory
+    /// and which stage their output in the Q tile, head dims 256
+    /// ([`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256)) and (192, 128): at 256 each
+    /// consumer thread holds 128 output accumulators, 32 logits and 16 registers of P in at most
+    /// 240 registers, and ptxas spills 8-72 bytes, 92-140 with soft-cap or a window's ALiBi
+    /// (local loads in the main loop, the rest in the per-item set-up and epilogue); with f16 QK
+    /// accumulation, whose overflow fallback adds an `mma.sync` loop beside them, 16-160 at 256
+    /// and 84-160 at (192, 128) (8-60 with f32 QK). NVRTC 13, `attnforge compile --arch sm_90a
+    /// --filter ws2q1kv64` and `--filter d192x128_` with `ws2q1kv128` in the names.
+    pub const WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES: u32 = 192;
 
     /// The spill budget of a kernel of this tile at `dims`: [`SPILL_BUDGET_BYTES`](Self::SPILL_BUDGET_BYTES),
-    /// or [`WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES`](Self::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES)
-    /// for the warp-specialised tile at head dim 256.
+    /// or [`WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES`](Self::WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES)
+    /// for the warp-specialised tile at head dims 256 and (192, 128).
     pub fn spill_budget_bytes(self, dims: HeadDims) -> u32 {
-        if self.warp_specialized && dims.qk() == 256 {
-            Self::WARP_SPECIALIZED_D256_SPILL_BUDGET_BYTES
+        if self.warp_specialized && dims.qk() >= 192 {
+            Self::WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES
         } else {
             Self::SPILL_BUDGET_BYTES
         }

@@ -119,7 +119,9 @@ impl CudaBackend {
     /// of a third of the longest request's keys (rounded up to the KV tile), an error when that
     /// request fits in one tile and there is nothing to split.
     fn opposite_split(&self, p: &PagedAttention) -> Result<SplitChoice, Error> {
+        // With this backend's tile (`verify --tile`), so that the chunks are whole tiles of it.
         let options = PlanOptions {
+            tile: self.tile,
             tiles_of: self.tiles_of,
             ..PlanOptions::default()
         };

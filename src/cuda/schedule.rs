@@ -228,8 +228,7 @@ pub(crate) fn choose_tile_on(
         let eligible = persistent
             && !matches!(problem.mask, Mask::Custom(_))
             && ws.runs_on(arch, dims)
-            && ws.supports(kv)
-            && ws.supports_qk_accum(problem.qk_accum);
+            && ws.supports(kv);
         if eligible {
             let resident = ws.resident_ctas(dims, arch);
             let share = ws.cta_q() as f64 / widest;
