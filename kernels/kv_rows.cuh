@@ -106,17 +106,19 @@ struct Fp8CodeSlots {
   // the column layout.
   static constexpr int WARP_ROWS = PACKED ? 32 / CODE_RUNS : 1;
   static constexpr int GROUP_SLOTS = WARP_ROWS * 8;
-  __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, int row, int run) {
+  // (Index: int, or u32_t, as SmemTile::chunk_addr takes it.)
+  template <typename Index>
+  __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, Index row, Index run) {
     if constexpr (PACKED) {
       // Slot s of the warp's 32 is the s-th 16 bytes, in address order, of what its rows expand
       // into: row-major, 1024 contiguous bytes; in the column layout, the rows' 128-byte lines of
       // column group 0, then of group 1 (head dim 256: two rows, 16 slots a group).
-      const int idx = row * CODE_RUNS + run;
-      const int slot = idx % 32;
+      const Index idx = row * CODE_RUNS + run;
+      const Index slot = idx % 32;
       if constexpr (ATOM_ROWS == 0) {
         return tile.base + static_cast<u32_t>((idx / 32) * 1024 + slot * 16);
       } else {
-        const int first_row = (idx / 32) * WARP_ROWS;
+        const Index first_row = (idx / 32) * WARP_ROWS;
         return tile.base + static_cast<u32_t>((slot / GROUP_SLOTS) * SmemTile<ROW_CHUNKS, ATOM_ROWS>::GROUP_BYTES +
                                               first_row * 128 + (slot % GROUP_SLOTS) * 16);
       }
@@ -181,10 +183,15 @@ __device__ __forceinline__ void expand_fp8_codes(const SmemTile<ROW_CHUNKS, ATOM
     // lane without a run too.
     static_assert(NUM_THREADS % 32 == 0, "whole warps");
     constexpr int TOTAL = ROWS * Slots::CODE_RUNS;
+    // In the rolled loop, unsigned indices: their divisions by the powers of two here are then
+    // shifts and masks, where signed ones each took a sign fix-up (the loop's body 56 -> 40
+    // instructions in the e4m3 head-dim-128 two-warpgroup kernel, sm_90a SASS). Unrolled, ptxas
+    // knows the signed ones are not negative, and the unsigned ones scheduled longer.
+    using Index = typename Select<UNROLLED, int, u32_t>::type;
     auto step = [&](int i) {
-      const int idx = i * NUM_THREADS + threadIdx.x;
-      const bool has_run = TOTAL % NUM_THREADS == 0 || idx < TOTAL;
-      const int row = idx / Slots::CODE_RUNS, run = idx % Slots::CODE_RUNS;
+      const Index idx = static_cast<Index>(i * NUM_THREADS + threadIdx.x);
+      const bool has_run = TOTAL % NUM_THREADS == 0 || idx < static_cast<Index>(TOTAL);
+      const Index row = idx / Slots::CODE_RUNS, run = idx % Slots::CODE_RUNS;
       uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
       if (has_run) {
         const u32_t at = Slots::at(tile, row, run);

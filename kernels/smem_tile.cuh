@@ -20,7 +20,10 @@ struct SmemTile {
   static constexpr int GROUP_BYTES = ATOM_ROWS > 0 ? ATOM_ROWS * 128 : 128;
   u32_t base;  // shared-memory address of chunk 0 of row 0
 
-  __device__ __forceinline__ u32_t chunk_addr(int row, int chunk) const {
+  // (Index: int, or u32_t where the caller's indices are unsigned, whose / and % by 8 are shifts
+  // and masks rather than signed divisions.)
+  template <typename Index>
+  __device__ __forceinline__ u32_t chunk_addr(Index row, Index chunk) const {
     if constexpr (ATOM_ROWS > 0) {
       return base + static_cast<u32_t>(row * ROW_BYTES + (chunk / 8) * GROUP_BYTES + ((chunk % 8) ^ (row & 7)) * 16);
     } else {
