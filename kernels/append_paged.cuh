@@ -2,12 +2,10 @@
 // copied (a cache of the rows' dtype) or quantised to fp8 codes.
 //
 // Request r's n_r = append_indptr[r+1] - append_indptr[r] new tokens are its last n_r
-// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). The CTAs of one
-// new token are consecutive (BLOCKS_PER_TOKEN of them, usually one), so a thread finds its token
-// from its CTA and its part of the token's rows from its thread index, with 32-bit arithmetic.
-// One thread handles one 16-byte chunk (8 elements) of one head of that token, K chunks first,
-// then V chunks; the host validated the table and checked that no two writes share a slot, so
-// threads never race. An fp8 cache receives 8 codes per chunk: each element x of KV head h
+// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). A CTA writes
+// TOKENS_PER_CTA consecutive new tokens, THREADS_PER_TOKEN threads each, which share out the
+// token's 16-byte chunks (8 elements) of its K rows then its V rows, every KV head; the host
+// validated the table and checked that no two writes share a slot, so threads never race. An fp8 cache receives 8 codes per chunk: each element x of KV head h
 // becomes f32_to_fp8(div_rn(x, scale[h])) (fp8.cuh): nearest, ties to even, saturating; a NaN
 // element becomes 0x7F and an infinity the largest finite code (the host cannot check device rows
 // first). On sm_89 and later the conversion is the hardware's (two elements an instruction, its
@@ -61,46 +59,67 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
   return r;
 }
 
-// CTAs per new token: enough threads for the chunks of its K and V rows of every KV head (the
-// host launches total_new times as many).
-__device__ __forceinline__ u32_t blocks_per_token(const AppendParams& p) {
-  return (static_cast<u32_t>(p.num_kv_heads * (p.k_chunks + p.v_chunks)) + NUM_THREADS - 1) / NUM_THREADS;
-}
+// Threads per new token: each takes every THREADS_PER_TOKEN-th chunk of the token's K and V
+// rows (all KV heads, K first), so a warp's copies of one step are consecutive chunks, and the
+// token's request, page and slot are found once for several chunks. A thread loads up to
+// CHUNKS_IN_FLIGHT chunks before it writes any.
+constexpr int THREADS_PER_TOKEN = 64;
+constexpr int TOKENS_PER_CTA = NUM_THREADS / THREADS_PER_TOKEN;
+constexpr int CHUNKS_IN_FLIGHT = 4;
 
-__device__ __forceinline__ void run(const AppendParams& p) {
-  const u32_t per_token = blocks_per_token(p);
-  const int i = static_cast<int>(blockIdx.x / per_token);
-  const u32_t part = (blockIdx.x % per_token) * NUM_THREADS + threadIdx.x;
-  const u32_t k_part = static_cast<u32_t>(p.num_kv_heads * p.k_chunks);
-  if (i >= p.total_new || part >= k_part + static_cast<u32_t>(p.num_kv_heads * p.v_chunks)) return;
-  const bool is_k = part < k_part;
+// Chunk `c` of a token's rows (K chunks first, then V) into its slot, from the loaded chunk `x`
+// of the new rows: copied, or quantised to fp8 codes.
+__device__ __forceinline__ void store_chunk(const AppendParams& p, int c, const uint4& x, int page, int slot) {
+  const int k_part = p.num_kv_heads * p.k_chunks;
+  const bool is_k = c < k_part;
   const int row_chunks = is_k ? p.k_chunks : p.v_chunks;
-  const u32_t in_rows = is_k ? part : part - k_part;
+  const u32_t in_rows = static_cast<u32_t>(is_k ? c : c - k_part);
   const int head = static_cast<int>(in_rows / static_cast<u32_t>(row_chunks));
   const int chunk = static_cast<int>(in_rows % static_cast<u32_t>(row_chunks));
-  const int r = request_of(p.append_indptr, p.batch_size, i);
-  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
-  const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
-  const int slot = j & p.page_mask;
-  const uint4* src = static_cast<const uint4*>(is_k ? p.k_new : p.v_new) +
-                     (static_cast<i64_t>(i) * p.num_kv_heads + head) * row_chunks + chunk;
   const i64_t dst = is_k ? page * p.k_page_stride + slot * p.k_token_stride + head * p.k_head_stride
                          : page * p.v_page_stride + slot * p.v_token_stride + head * p.v_head_stride;
   if (p.fp8_format == KV_FP8_NONE) {
     u16_t* base = static_cast<u16_t*>(is_k ? p.k_cache : p.v_cache);
-    *reinterpret_cast<uint4*>(base + dst + chunk * 8) = *src;
+    *reinterpret_cast<uint4*>(base + dst + chunk * 8) = x;
     return;
   }
-  float x[8];
+  float v[8];
   if (p.new_bf16) {
-    widen8<bf16_t>(*src, x);
+    widen8<bf16_t>(x, v);
   } else {
-    widen8<f16_t>(*src, x);
+    widen8<f16_t>(x, v);
   }
   const float scale = (is_k ? p.k_scale : p.v_scale)[head * p.scale_head_stride];
-  const uint2 codes = p.fp8_format == KV_FP8_E4M3 ? quantize8<KV_FP8_E4M3>(x, scale) : quantize8<KV_FP8_E5M2>(x, scale);
+  const uint2 codes = p.fp8_format == KV_FP8_E4M3 ? quantize8<KV_FP8_E4M3>(v, scale) : quantize8<KV_FP8_E5M2>(v, scale);
   unsigned char* base = static_cast<unsigned char*>(is_k ? p.k_cache : p.v_cache);
   *reinterpret_cast<uint2*>(base + dst + chunk * 8) = codes;
+}
+
+__device__ __forceinline__ void run(const AppendParams& p) {
+  const int i = static_cast<int>(blockIdx.x) * TOKENS_PER_CTA + static_cast<int>(threadIdx.x) / THREADS_PER_TOKEN;
+  if (i >= p.total_new) return;
+  const int r = request_of(p.append_indptr, p.batch_size, i);
+  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
+  const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
+  const int slot = j & p.page_mask;
+  // The token's new rows, [heads, chunks] each: chunk c of its K rows, or c - k_part of its V.
+  const int k_part = p.num_kv_heads * p.k_chunks, all = k_part + p.num_kv_heads * p.v_chunks;
+  const uint4* k_src = static_cast<const uint4*>(p.k_new) + static_cast<i64_t>(i) * k_part;
+  const uint4* v_src = static_cast<const uint4*>(p.v_new) + static_cast<i64_t>(i) * (all - k_part);
+  for (int c0 = static_cast<int>(threadIdx.x) % THREADS_PER_TOKEN; c0 < all;
+       c0 += CHUNKS_IN_FLIGHT * THREADS_PER_TOKEN) {
+    uint4 x[CHUNKS_IN_FLIGHT];
+#pragma unroll
+    for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
+      const int c = c0 + n * THREADS_PER_TOKEN;
+      if (c < all) x[n] = __ldg(c < k_part ? k_src + c : v_src + (c - k_part));
+    }
+#pragma unroll
+    for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
+      const int c = c0 + n * THREADS_PER_TOKEN;
+      if (c < all) store_chunk(p, c, x[n], page, slot);
+    }
+  }
 }
 
 }  // namespace append

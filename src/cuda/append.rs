@@ -16,7 +16,7 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::paged::{cache_strides, CacheBuffer, CacheElements, DevicePagedKv};
 use super::pages::KernelPages;
-use crate::codegen::{self, AppendParams, APPEND_THREADS};
+use crate::codegen::{self, AppendParams, APPEND_THREADS, APPEND_TOKENS_PER_CTA};
 use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
@@ -295,9 +295,6 @@ impl AppendPlan {
             layout.head_dims.qk(),
             layout.head_dims.vo(),
         );
-        // The CTAs of one new token are consecutive (`append::blocks_per_token` in
-        // kernels/append_paged.cuh): a chunk of 8 elements per thread over its K and V rows.
-        let blocks_per_token = (h * (dqk + dvo) / 8).div_ceil(APPEND_THREADS as usize);
         let (k_base, _, k_token, k_head) = cache_strides(layout, true);
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
         let (page_size, k_page, v_page) = self.kernel_pages;
@@ -334,7 +331,7 @@ impl AppendPlan {
             },
             scale_head_stride: fp8.map_or(0, |(_, s)| s.head_stride),
         };
-        let blocks = self.total_new.saturating_mul(blocks_per_token);
+        let blocks = self.total_new.div_ceil(APPEND_TOKENS_PER_CTA as usize);
         let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {
             name: "k_new",
             reason: format!(
