@@ -2,14 +2,12 @@
 // copied (a cache of the rows' dtype) or quantised to fp8 codes.
 //
 // Request r's n_r = append_indptr[r+1] - append_indptr[r] new tokens are its last n_r
-// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). A CTA writes
-// TOKENS_PER_CTA consecutive new tokens, THREADS_PER_TOKEN threads each, which share out the
-// token's 16-byte chunks (8 elements) of its K rows then its V rows, every KV head; the host
-// validated the table and checked that no two writes share a slot, so threads never race. An fp8 cache receives 8 codes per chunk: each element x of KV head h
-// becomes f32_to_fp8(div_rn(x, scale[h])) (fp8.cuh): nearest, ties to even, saturating; a NaN
-// element becomes 0x7F and an infinity the largest finite code (the host cannot check device rows
-// first). On sm_89 and later the conversion is the hardware's (two elements an instruction, its
-// NaN replaced by 0x7F); the software conversion computes the same codes elsewhere.
+// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). Each new token
+// has 2^token_threads_shift consecutive threads (the host's choice: 64 when there are enough
+// tokens to fill the GPU so, else 256), which share out the token's 16-byte chunks (8 elements)
+// of its K rows then its V rows, every KV head; the host validated the table and checked that no
+// two writes share a slot, so threads never race. An fp8 cache receives 8 codes per chunk: each
+// element x of KV head h
 // Requires: common.cuh, fp8.cuh and the rendered AppendParams.
 
 namespace append {
@@ -59,12 +57,10 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
   return r;
 }
 
-// Threads per new token: each takes every THREADS_PER_TOKEN-th chunk of the token's K and V
-// rows (all KV heads, K first), so a warp's copies of one step are consecutive chunks, and the
-// token's request, page and slot are found once for several chunks. A thread loads up to
-// CHUNKS_IN_FLIGHT chunks before it writes any.
-constexpr int THREADS_PER_TOKEN = 64;
-constexpr int TOKENS_PER_CTA = NUM_THREADS / THREADS_PER_TOKEN;
+// A token's threads take every (threads per token)-th chunk of its K and V rows (all KV heads,
+// K first), so a warp's copies of one step are consecutive chunks, and the token's request, page
+// and slot are found once for all of a thread's chunks. A thread loads up to CHUNKS_IN_FLIGHT
+// chunks before it writes any.
 constexpr int CHUNKS_IN_FLIGHT = 4;
 
 // Chunk `c` of a token's rows (K chunks first, then V) into its slot, from the loaded chunk `x`
@@ -96,27 +92,28 @@ __device__ __forceinline__ void store_chunk(const AppendParams& p, int c, const 
 }
 
 __device__ __forceinline__ void run(const AppendParams& p) {
-  const int i = static_cast<int>(blockIdx.x) * TOKENS_PER_CTA + static_cast<int>(threadIdx.x) / THREADS_PER_TOKEN;
+  // The token's threads: a power of two that divides NUM_THREADS, so a CTA holds whole tokens.
+  const int token_threads = 1 << p.token_threads_shift;
+  const int i = static_cast<int>((blockIdx.x * NUM_THREADS + threadIdx.x) >> p.token_threads_shift);
   if (i >= p.total_new) return;
   const int r = request_of(p.append_indptr, p.batch_size, i);
   const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
   const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
   const int slot = j & p.page_mask;
   // The token's new rows, [heads, chunks] each: chunk c of its K rows, or c - k_part of its V.
-  const int k_part = p.num_kv_heads * p.k_chunks, all = k_part + p.num_kv_heads * p.v_chunks;
+  const int k_part = p.num_kv_heads * p.k_chunks, all = p.token_chunks;
   const uint4* k_src = static_cast<const uint4*>(p.k_new) + static_cast<i64_t>(i) * k_part;
   const uint4* v_src = static_cast<const uint4*>(p.v_new) + static_cast<i64_t>(i) * (all - k_part);
-  for (int c0 = static_cast<int>(threadIdx.x) % THREADS_PER_TOKEN; c0 < all;
-       c0 += CHUNKS_IN_FLIGHT * THREADS_PER_TOKEN) {
+  for (int c0 = static_cast<int>(threadIdx.x) & (token_threads - 1); c0 < all; c0 += CHUNKS_IN_FLIGHT * token_threads) {
     uint4 x[CHUNKS_IN_FLIGHT];
 #pragma unroll
     for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
-      const int c = c0 + n * THREADS_PER_TOKEN;
+      const int c = c0 + n * token_threads;
       if (c < all) x[n] = __ldg(c < k_part ? k_src + c : v_src + (c - k_part));
     }
 #pragma unroll
     for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
-      const int c = c0 + n * THREADS_PER_TOKEN;
+      const int c = c0 + n * token_threads;
       if (c < all) store_chunk(p, c, x[n], page, slot);
     }
   }

@@ -233,6 +233,11 @@ kernel_params! {
         fp8_format: i32 => "int",
         /// fp8 cache: entries between the scales of consecutive KV heads (0 or 1).
         scale_head_stride: i32 => "int",
+        /// 16-byte chunks of one new token's K and V rows, every KV head:
+        /// `num_kv_heads * (k_chunks + v_chunks)`.
+        token_chunks: i32 => "int",
+        /// log2 of the threads that share out one new token's chunks (6 or 8).
+        token_threads_shift: i32 => "int",
     }
 }
 
