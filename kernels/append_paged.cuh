@@ -96,21 +96,28 @@ __device__ __forceinline__ void run(const AppendParams& p) {
   const int token_threads = 1 << p.token_threads_shift;
   const int i = static_cast<int>((blockIdx.x * NUM_THREADS + threadIdx.x) >> p.token_threads_shift);
   if (i >= p.total_new) return;
-  const int r = request_of(p.append_indptr, p.batch_size, i);
-  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
-  const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
-  const int slot = j & p.page_mask;
   // The token's new rows, [heads, chunks] each: chunk c of its K rows, or c - k_part of its V.
   const int k_part = p.num_kv_heads * p.k_chunks, all = p.token_chunks;
   const uint4* k_src = static_cast<const uint4*>(p.k_new) + static_cast<i64_t>(i) * k_part;
   const uint4* v_src = static_cast<const uint4*>(p.v_new) + static_cast<i64_t>(i) * (all - k_part);
-  for (int c0 = static_cast<int>(threadIdx.x) & (token_threads - 1); c0 < all; c0 += CHUNKS_IN_FLIGHT * token_threads) {
-    uint4 x[CHUNKS_IN_FLIGHT];
+  const int first = static_cast<int>(threadIdx.x) & (token_threads - 1);
+  const int step = CHUNKS_IN_FLIGHT * token_threads;
+  uint4 x[CHUNKS_IN_FLIGHT];
+  auto load = [&](int c0) {
 #pragma unroll
     for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
       const int c = c0 + n * token_threads;
       if (c < all) x[n] = __ldg(c < k_part ? k_src + c : v_src + (c - k_part));
     }
+  };
+  // The first chunks load while the token's slot is looked up (a chain of dependent reads).
+  load(first);
+  const int r = request_of(p.append_indptr, p.batch_size, i);
+  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
+  const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
+  const int slot = j & p.page_mask;
+  for (int c0 = first; c0 < all; c0 += step) {
+    if (c0 != first) load(c0);
 #pragma unroll
     for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
       const int c = c0 + n * token_threads;
