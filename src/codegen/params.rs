@@ -236,8 +236,9 @@ kernel_params! {
         /// 16-byte chunks of one new token's K and V rows, every KV head:
         /// `num_kv_heads * (k_chunks + v_chunks)`.
         token_chunks: i32 => "int",
-        /// log2 of the threads that share out one new token's chunks (6 or 8).
-        token_threads_shift: i32 => "int",
+        /// 1: the wide launch (64 threads a new token, several chunks a thread); 0: the narrow
+        /// one (one chunk a thread).
+        wide: i32 => "int",
     }
 }
 

@@ -140,24 +140,17 @@ impl Engine {
     }
 }
 
-/// New tokens from which the append kernel gives each token 64 threads (each loading 4 of its
-/// chunks before it writes) instead of 256 (about one chunk each): from here the 64-thread
-/// launch still has 2^18 threads, about two per thread slot of an H100 or H200, and its fewer,
-/// longer threads copy faster (H100: 2.61 -> 2.73 TB/s f16, 1.96 -> 2.11 e4m3 at 16 x 1024
-/// tokens), while below it the 256-thread launch keeps decode-sized appends (one token a request)
-/// spread over enough CTAs (64 threads a token took 2.3 -> 2.9 us f16, 2.6 -> 4.6 us e4m3 at 64
-/// tokens). Measured with `attnforge bench --suite paged --all --filter append-`.
+/// New tokens from which the append kernel takes its wide launch (`append::run_wide`: 64 threads
+/// a token, each loading 4 of its chunks before it writes) instead of its narrow one (one chunk a
+/// thread): from here the wide launch still has 2^18 threads, about two per thread slot of an
+/// H100 or H200, and copies faster (H100: 2.61 -> 2.72 TB/s f16, 1.95 -> 2.14 e4m3 at 16 x 1024
+/// tokens), while below it the narrow launch keeps decode-sized appends (one token a request)
+/// spread over more CTAs (the wide one took 2.4 -> 2.5 us f16, 2.7 -> 3.0 us e4m3 at 64 tokens).
+/// Measured with `attnforge bench --suite paged --all --filter append-`.
 const APPEND_WIDE_FROM_TOKENS: usize = 4096;
 
-/// Threads that share out one new token's chunks (`append::run`): a power of two dividing
-/// [`APPEND_THREADS`].
-fn token_threads(total_new: usize) -> u32 {
-    if total_new >= APPEND_WIDE_FROM_TOKENS {
-        64
-    } else {
-        APPEND_THREADS
-    }
-}
+/// Threads of the wide launch per new token (`append::WIDE_TOKEN_THREADS`).
+const APPEND_WIDE_TOKEN_THREADS: usize = 64;
 
 /// One checked append batch on the device ([`Engine::plan_append`]): the layout, the kernel and
 /// the index arrays it reads (new-token indptr, each request's length, the kernels' page table).
@@ -318,6 +311,8 @@ impl AppendPlan {
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
         let (page_size, k_page, v_page) = self.kernel_pages;
         let ptr = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
+        let token_chunks = h * (dqk + dvo) / 8;
+        let wide = self.total_new >= APPEND_WIDE_FROM_TOKENS;
         let params = AppendParams {
             k_new,
             v_new,
@@ -349,20 +344,25 @@ impl AppendPlan {
                 Some((Fp8Format::E5m2, _)) => 2,
             },
             scale_head_stride: fp8.map_or(0, |(_, s)| s.head_stride),
-            token_chunks: (h * (dqk + dvo) / 8) as i32,
-            token_threads_shift: token_threads(self.total_new).trailing_zeros() as i32,
+            token_chunks: token_chunks as i32,
+            wide: i32::from(wide),
         };
-        // The kernel numbers its threads in 32 bits (`append::run`).
-        let threads = self
-            .total_new
-            .saturating_mul(token_threads(self.total_new) as usize);
-        let blocks = u32::try_from(threads.div_ceil(APPEND_THREADS as usize))
+        // The kernel numbers its CTAs' threads in 32 bits (`append::run_wide`).
+        let blocks = if wide {
+            self.total_new
+                .saturating_mul(APPEND_WIDE_TOKEN_THREADS)
+                .div_ceil(APPEND_THREADS as usize)
+        } else {
+            self.total_new
+                .saturating_mul(token_chunks.div_ceil(APPEND_THREADS as usize))
+        };
+        let blocks = u32::try_from(blocks)
             .ok()
             .filter(|&b| u64::from(b) * u64::from(APPEND_THREADS) <= u64::from(u32::MAX))
             .ok_or_else(|| CudaError::Buffer {
                 name: "k_new",
                 reason: format!(
-                    "{} new tokens need {threads} threads, more than one launch numbers in 32 bits",
+                    "{} new tokens need {blocks} blocks, more than one launch numbers in 32 bits",
                     self.total_new
                 ),
             })?;
