@@ -2,16 +2,12 @@
 // copied (a cache of the rows' dtype) or quantised to fp8 codes.
 //
 // Request r's n_r = append_indptr[r+1] - append_indptr[r] new tokens are its last n_r
-// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). The CTAs of one
-// new token are consecutive (BLOCKS_PER_TOKEN of them, usually one), so a thread finds its token
-// from its CTA and its part of the token's rows from its thread index, with 32-bit arithmetic.
-// One thread handles one 16-byte chunk (8 elements) of one head of that token, K chunks first,
-// then V chunks; the host validated the table and checked that no two writes share a slot, so
-// threads never race. An fp8 cache receives 8 codes per chunk: each element x of KV head h
-// becomes f32_to_fp8(div_rn(x, scale[h])) (fp8.cuh): nearest, ties to even, saturating; a NaN
-// element becomes 0x7F and an infinity the largest finite code (the host cannot check device rows
-// first). On sm_89 and later the conversion is the hardware's (two elements an instruction, its
-// NaN replaced by 0x7F); the software conversion computes the same codes elsewhere.
+// positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). The threads of
+// a token share out its 16-byte chunks (8 elements) of its K rows then its V rows, every KV head:
+// one chunk a thread (the narrow launch), or with p.wide, for batches with enough tokens to fill
+// the GPU so, 64 threads a token and several chunks a thread (the host's choice); the host validated the table and checked that no
+// two writes share a slot, so threads never race. An fp8 cache receives 8 codes per chunk: each
+// element x of KV head h
 // Requires: common.cuh, fp8.cuh and the rendered AppendParams.
 
 namespace append {
@@ -61,46 +57,109 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
   return r;
 }
 
-// CTAs per new token: enough threads for the chunks of its K and V rows of every KV head (the
-// host launches total_new times as many).
-__device__ __forceinline__ u32_t blocks_per_token(const AppendParams& p) {
-  return (static_cast<u32_t>(p.num_kv_heads * (p.k_chunks + p.v_chunks)) + NUM_THREADS - 1) / NUM_THREADS;
-}
+// The wide launch (p.wide): WIDE_TOKEN_THREADS threads a new token, which take every
+// WIDE_TOKEN_THREADS-th chunk of its K and V rows (all KV heads, K first), so a warp's copies of
+// one step are consecutive chunks and the token's request, page and slot are found once for all
+// of a thread's chunks; a thread loads up to CHUNKS_IN_FLIGHT chunks before it writes any. The
+// narrow launch: one chunk a thread, blocks_per_token CTAs a token.
+constexpr int WIDE_TOKEN_THREADS = 64;
+constexpr int CHUNKS_IN_FLIGHT = 4;
 
-__device__ __forceinline__ void run(const AppendParams& p) {
-  const u32_t per_token = blocks_per_token(p);
-  const int i = static_cast<int>(blockIdx.x / per_token);
-  const u32_t part = (blockIdx.x % per_token) * NUM_THREADS + threadIdx.x;
-  const u32_t k_part = static_cast<u32_t>(p.num_kv_heads * p.k_chunks);
-  if (i >= p.total_new || part >= k_part + static_cast<u32_t>(p.num_kv_heads * p.v_chunks)) return;
-  const bool is_k = part < k_part;
+// Chunk `c` of a token's rows (K chunks first, then V) into its slot, from the loaded chunk `x`
+// of the new rows: copied, or quantised to fp8 codes.
+__device__ __forceinline__ void store_chunk(const AppendParams& p, int c, const uint4& x, int page, int slot) {
+  const int k_part = p.num_kv_heads * p.k_chunks;
+  const bool is_k = c < k_part;
   const int row_chunks = is_k ? p.k_chunks : p.v_chunks;
-  const u32_t in_rows = is_k ? part : part - k_part;
+  const u32_t in_rows = static_cast<u32_t>(is_k ? c : c - k_part);
   const int head = static_cast<int>(in_rows / static_cast<u32_t>(row_chunks));
   const int chunk = static_cast<int>(in_rows % static_cast<u32_t>(row_chunks));
-  const int r = request_of(p.append_indptr, p.batch_size, i);
-  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
-  const int page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
-  const int slot = j & p.page_mask;
-  const uint4* src = static_cast<const uint4*>(is_k ? p.k_new : p.v_new) +
-                     (static_cast<i64_t>(i) * p.num_kv_heads + head) * row_chunks + chunk;
   const i64_t dst = is_k ? page * p.k_page_stride + slot * p.k_token_stride + head * p.k_head_stride
                          : page * p.v_page_stride + slot * p.v_token_stride + head * p.v_head_stride;
   if (p.fp8_format == KV_FP8_NONE) {
     u16_t* base = static_cast<u16_t*>(is_k ? p.k_cache : p.v_cache);
-    *reinterpret_cast<uint4*>(base + dst + chunk * 8) = *src;
+    *reinterpret_cast<uint4*>(base + dst + chunk * 8) = x;
     return;
   }
-  float x[8];
+  float v[8];
   if (p.new_bf16) {
-    widen8<bf16_t>(*src, x);
+    widen8<bf16_t>(x, v);
   } else {
-    widen8<f16_t>(*src, x);
+    widen8<f16_t>(x, v);
   }
   const float scale = (is_k ? p.k_scale : p.v_scale)[head * p.scale_head_stride];
-  const uint2 codes = p.fp8_format == KV_FP8_E4M3 ? quantize8<KV_FP8_E4M3>(x, scale) : quantize8<KV_FP8_E5M2>(x, scale);
+  const uint2 codes = p.fp8_format == KV_FP8_E4M3 ? quantize8<KV_FP8_E4M3>(v, scale) : quantize8<KV_FP8_E5M2>(v, scale);
   unsigned char* base = static_cast<unsigned char*>(is_k ? p.k_cache : p.v_cache);
   *reinterpret_cast<uint2*>(base + dst + chunk * 8) = codes;
+}
+
+// The token's slot: its request's page id and the slot in the page.
+__device__ __forceinline__ void token_slot(const AppendParams& p, int i, int& page, int& slot) {
+  const int r = request_of(p.append_indptr, p.batch_size, i);
+  const int j = p.kv_len[r] - (p.append_indptr[r + 1] - p.append_indptr[r]) + (i - p.append_indptr[r]);
+  page = p.page_indices[p.page_indptr[r] + (j >> p.page_shift)];
+  slot = j & p.page_mask;
+}
+
+// CTAs per new token in the narrow launch: enough threads for the chunks of its K and V rows of
+// every KV head (the host launches total_new times as many).
+__device__ __forceinline__ u32_t blocks_per_token(const AppendParams& p) {
+  return (static_cast<u32_t>(p.token_chunks) + NUM_THREADS - 1) / NUM_THREADS;
+}
+
+__device__ __forceinline__ void run_narrow(const AppendParams& p) {
+  const u32_t per_token = blocks_per_token(p);
+  const int i = static_cast<int>(blockIdx.x / per_token);
+  const int c = static_cast<int>((blockIdx.x % per_token) * NUM_THREADS + threadIdx.x);
+  if (i >= p.total_new || c >= p.token_chunks) return;
+  const int k_part = p.num_kv_heads * p.k_chunks;
+  // Loaded before the slot lookup (a chain of dependent reads) needs it.
+  const uint4 x = __ldg(c < k_part ? static_cast<const uint4*>(p.k_new) + static_cast<i64_t>(i) * k_part + c
+                                   : static_cast<const uint4*>(p.v_new) +
+                                         static_cast<i64_t>(i) * (p.token_chunks - k_part) + (c - k_part));
+  int page, slot;
+  token_slot(p, i, page, slot);
+  store_chunk(p, c, x, page, slot);
+}
+
+__device__ __forceinline__ void run_wide(const AppendParams& p) {
+  constexpr int T = WIDE_TOKEN_THREADS;
+  static_assert(NUM_THREADS % T == 0, "a CTA holds whole tokens");
+  const int i = static_cast<int>((blockIdx.x * NUM_THREADS + threadIdx.x) / T);
+  if (i >= p.total_new) return;
+  // The token's new rows, [heads, chunks] each: chunk c of its K rows, or c - k_part of its V.
+  const int k_part = p.num_kv_heads * p.k_chunks, all = p.token_chunks;
+  const uint4* k_src = static_cast<const uint4*>(p.k_new) + static_cast<i64_t>(i) * k_part;
+  const uint4* v_src = static_cast<const uint4*>(p.v_new) + static_cast<i64_t>(i) * (all - k_part);
+  const int first = static_cast<int>(threadIdx.x) % T;
+  uint4 x[CHUNKS_IN_FLIGHT];
+  auto load = [&](int c0) {
+#pragma unroll
+    for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
+      const int c = c0 + n * T;
+      if (c < all) x[n] = __ldg(c < k_part ? k_src + c : v_src + (c - k_part));
+    }
+  };
+  // The first chunks load while the token's slot is looked up.
+  load(first);
+  int page, slot;
+  token_slot(p, i, page, slot);
+  for (int c0 = first; c0 < all; c0 += CHUNKS_IN_FLIGHT * T) {
+    if (c0 != first) load(c0);
+#pragma unroll
+    for (int n = 0; n < CHUNKS_IN_FLIGHT; ++n) {
+      const int c = c0 + n * T;
+      if (c < all) store_chunk(p, c, x[n], page, slot);
+    }
+  }
+}
+
+__device__ __forceinline__ void run(const AppendParams& p) {
+  if (p.wide) {
+    run_wide(p);
+  } else {
+    run_narrow(p);
+  }
 }
 
 }  // namespace append

@@ -23,7 +23,7 @@ const MERGE_STATES: (&str, &str) = (
     include_str!("../../kernels/merge_states.cuh"),
 );
 
-/// Threads per CTA of the append kernel (one 16-byte chunk of new rows each).
+/// Threads per CTA of the append kernel.
 pub const APPEND_THREADS: u32 = 256;
 /// Threads per CTA of the public merge kernel.
 pub const MERGE_STATES_THREADS: u32 = 128;

@@ -233,6 +233,12 @@ kernel_params! {
         fp8_format: i32 => "int",
         /// fp8 cache: entries between the scales of consecutive KV heads (0 or 1).
         scale_head_stride: i32 => "int",
+        /// 16-byte chunks of one new token's K and V rows, every KV head:
+        /// `num_kv_heads * (k_chunks + v_chunks)`.
+        token_chunks: i32 => "int",
+        /// 1: the wide launch (64 threads a new token, several chunks a thread); 0: the narrow
+        /// one (one chunk a thread).
+        wide: i32 => "int",
     }
 }
 

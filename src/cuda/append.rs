@@ -140,6 +140,18 @@ impl Engine {
     }
 }
 
+/// New tokens from which the append kernel takes its wide launch (`append::run_wide`: 64 threads
+/// a token, each loading 4 of its chunks before it writes) instead of its narrow one (one chunk a
+/// thread): from here the wide launch still has 2^18 threads, about two per thread slot of an
+/// H100 or H200, and copies faster (H100: 2.61 -> 2.72 TB/s f16, 1.95 -> 2.14 e4m3 at 16 x 1024
+/// tokens), while below it the narrow launch keeps decode-sized appends (one token a request)
+/// spread over more CTAs (the wide one took 2.4 -> 2.5 us f16, 2.7 -> 3.0 us e4m3 at 64 tokens).
+/// Measured with `attnforge bench --suite paged --all --filter append-`.
+const APPEND_WIDE_FROM_TOKENS: usize = 4096;
+
+/// Threads of the wide launch per new token (`append::WIDE_TOKEN_THREADS`).
+const APPEND_WIDE_TOKEN_THREADS: usize = 64;
+
 /// One checked append batch on the device ([`Engine::plan_append`]): the layout, the kernel and
 /// the index arrays it reads (new-token indptr, each request's length, the kernels' page table).
 pub struct AppendPlan {
@@ -295,13 +307,12 @@ impl AppendPlan {
             layout.head_dims.qk(),
             layout.head_dims.vo(),
         );
-        // The CTAs of one new token are consecutive (`append::blocks_per_token` in
-        // kernels/append_paged.cuh): a chunk of 8 elements per thread over its K and V rows.
-        let blocks_per_token = (h * (dqk + dvo) / 8).div_ceil(APPEND_THREADS as usize);
         let (k_base, _, k_token, k_head) = cache_strides(layout, true);
         let (v_base, _, v_token, v_head) = cache_strides(layout, false);
         let (page_size, k_page, v_page) = self.kernel_pages;
         let ptr = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
+        let token_chunks = h * (dqk + dvo) / 8;
+        let wide = self.total_new >= APPEND_WIDE_FROM_TOKENS;
         let params = AppendParams {
             k_new,
             v_new,
@@ -333,15 +344,28 @@ impl AppendPlan {
                 Some((Fp8Format::E5m2, _)) => 2,
             },
             scale_head_stride: fp8.map_or(0, |(_, s)| s.head_stride),
+            token_chunks: token_chunks as i32,
+            wide: i32::from(wide),
         };
-        let blocks = self.total_new.saturating_mul(blocks_per_token);
-        let blocks = u32::try_from(blocks).map_err(|_| CudaError::Buffer {
-            name: "k_new",
-            reason: format!(
-                "{} new tokens need {blocks} blocks, more than a grid holds",
-                self.total_new
-            ),
-        })?;
+        // The kernel numbers its CTAs' threads in 32 bits (`append::run_wide`).
+        let blocks = if wide {
+            self.total_new
+                .saturating_mul(APPEND_WIDE_TOKEN_THREADS)
+                .div_ceil(APPEND_THREADS as usize)
+        } else {
+            self.total_new
+                .saturating_mul(token_chunks.div_ceil(APPEND_THREADS as usize))
+        };
+        let blocks = u32::try_from(blocks)
+            .ok()
+            .filter(|&b| u64::from(b) * u64::from(APPEND_THREADS) <= u64::from(u32::MAX))
+            .ok_or_else(|| CudaError::Buffer {
+                name: "k_new",
+                reason: format!(
+                    "{} new tokens need {blocks} blocks, more than one launch numbers in 32 bits",
+                    self.total_new
+                ),
+            })?;
         // SAFETY: the kernel takes one AppendParams, which is repr(C) without padding and whose
         // CUDA twin asserts the same field sizes; the table and append_indptr were validated
         // against the layout when the plan was made (every page id in range, every new token
