@@ -3,11 +3,17 @@
 //
 // Request r's n_r = append_indptr[r+1] - append_indptr[r] new tokens are its last n_r
 // positions, kv_len[r] - n_r .. kv_len[r] (the page table already covers them). The threads of
-// a token share out its 16-byte chunks (8 elements) of its K rows then its V rows, every KV head:
-// one chunk a thread (the narrow launch), or with p.wide, for batches with enough tokens to fill
-// the GPU so, 64 threads a token and several chunks a thread (the host's choice); the host validated the table and checked that no
-// two writes share a slot, so threads never race. An fp8 cache receives 8 codes per chunk: each
-// element x of KV head h
+// a token share out its 16-byte chunks (8 elements) of its K rows, then of its V rows, every KV
+// head, with 32-bit arithmetic: one chunk a thread in the narrow launch (the CTAs of a token are
+// consecutive), or, with p.wide, 64 threads a token, each loading several of its chunks before
+// it writes any (the host takes the wide launch for batches with enough tokens to fill the GPU
+// so: cuda/append.rs). The host validated the table and checked that no two writes share a
+// slot, so threads never race. An fp8 cache receives 8 codes per chunk: each element x of KV
+// head h becomes f32_to_fp8(div_rn(x, scale[h])) (fp8.cuh): nearest, ties to even, saturating; a
+// NaN element becomes 0x7F and an infinity the largest finite code (the host cannot check device
+// rows first). On sm_89 and later the conversion is the hardware's (two elements an
+// instruction, its NaN replaced by 0x7F); the software conversion computes the same codes
+// elsewhere.
 // Requires: common.cuh, fp8.cuh and the rendered AppendParams.
 
 namespace append {
