@@ -341,9 +341,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], u64_t a_d
 }
 
 // d (+)= A B, m64n64k16, f16 inputs and f16 accumulators, A from registers, B K-major from shared
-// memory (the f16-QK twin of wgmma_m64n64k16_rs_kmajor; d in wgmma_m64n64k16_ss_f16acc's layout).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor_f16acc(u32_t (&d)[8][2], const u32_t (&a)[4], u64_t b_desc,
-                                                                 bool accumulate) {
+// memory (the f16-QK twin of the f32 one; d in wgmma_m64n64k16_ss_f16acc's layout).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor(u32_t (&d)[8][2], const u32_t (&a)[4], u64_t b_desc,
+                                                          bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 " AF_WGMMA_H16_TEXT
                ", {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
@@ -352,9 +352,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor_f16acc(u32_t (&d)[8][2
 }
 
 // d (+)= A B, m64n128k16, f16 inputs and f16 accumulators, A and B (K-major) from shared memory
-// (the f16-QK twin of wgmma_m64n128k16_ss: 16 n8 tiles of two f16x2 registers).
-__device__ __forceinline__ void wgmma_m64n128k16_ss_f16acc(u32_t (&d)[16][2], u64_t a_desc, u64_t b_desc,
-                                                           bool accumulate) {
+// (the f16-QK twin of the f32 one: 16 n8 tiles of two f16x2 registers).
+__device__ __forceinline__ void wgmma_m64n128k16_ss(u32_t (&d)[16][2], u64_t a_desc, u64_t b_desc, bool accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f16.f16.f16 " AF_WGMMA_D32_TEXT
                ", %32, %33, p, 1, 1, 0, 0;\n}"
@@ -380,10 +379,12 @@ struct WsQ {
   u32_t group_rows;
 };
 
-// S = Q K^T for one tile (K rows from `k_base`), issued as one wgmma group (not waited for).
+// S = Q K^T for one tile (K rows from `k_base`), issued as one wgmma group (not waited for), into
+// f32 accumulators (float, E = 4 a tile) or, with f16 QK accumulation (Q prescaled), f16 ones
+// (two f16x2 registers a tile: E = 2).
 // (A template on the n8 tiles of S, so that the product of the other width is not instantiated.)
-template <int NT>
-__device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
+template <int NT, typename Acc, int E>
+__device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, Acc (&s)[MMA_Q][NT][E]) {
   static_assert(NT * 8 == KV_TILE && (NT == 8 || !WS_Q_IN_REGISTERS),
                 "S covers the tile's keys: 64 with Q in registers, 64 or 128 with Q in shared memory");
   const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
@@ -396,30 +397,10 @@ __device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, float (&
       wgmma_m64n128k16_ss(s[0], q_desc, k_desc, kk > 0);
     } else if constexpr (WS_Q_IN_REGISTERS) {
       wgmma_m64n64k16_rs_kmajor(s[0], q.frags[kk], k_desc, kk > 0);
-    } else {
+    } else if constexpr (E == 4) {
       wgmma_m64n64k16_ss<DTypeIn>(reinterpret_cast<float(&)[8][4]>(s[0]), q_desc, k_desc, kk > 0);
-    }
-  }
-  wgmma_commit();
-}
-
-// S = Q K^T for one tile with f16 accumulators (f16 QK accumulation: Q prescaled), issued as one
-// wgmma group (not waited for): ws_issue_qk's products with the f16-accumulating instructions.
-template <int NT>
-__device__ __forceinline__ void ws_issue_qk(const WsQ& q, u32_t k_base, u32_t (&acc)[MMA_Q][NT][2]) {
-  static_assert(NT * 8 == KV_TILE && (NT == 8 || !WS_Q_IN_REGISTERS), "as the f32 products");
-  const WgmmaDesc k = WgmmaDesc::sw128(k_base, 16, SW128_GROUP_BYTES);
-  const WgmmaDesc a = WgmmaDesc::sw128(q.group_rows, 16, SW128_GROUP_BYTES);
-#pragma unroll
-  for (int kk = 0; kk < QK_CHUNKS / 2; ++kk) {
-    const u64_t k_desc = k.at((kk / 4) * KTile::GROUP_BYTES + (kk % 4) * 32);
-    const u64_t q_desc = a.at((kk / 4) * QTile::GROUP_BYTES + (kk % 4) * 32);
-    if constexpr (NT == 16) {
-      wgmma_m64n128k16_ss_f16acc(acc[0], q_desc, k_desc, kk > 0);
-    } else if constexpr (WS_Q_IN_REGISTERS) {
-      wgmma_m64n64k16_rs_kmajor_f16acc(acc[0], q.frags[kk], k_desc, kk > 0);
     } else {
-      wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(acc[0]), q_desc, k_desc, kk > 0);
+      wgmma_m64n64k16_ss_f16acc(reinterpret_cast<u32_t(&)[8][2]>(s[0]), q_desc, k_desc, kk > 0);
     }
   }
   wgmma_commit();

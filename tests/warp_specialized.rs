@@ -4,9 +4,12 @@
 
 mod jit_support;
 
-use attnforge::codegen::{compile_matrix, render, KernelSpec, KvCache, TileConfig, VariantSpec};
+use attnforge::codegen::{
+    compile_matrix, render, KernelSpec, KvCache, RenderedKernel, TileConfig, VariantSpec,
+};
 use attnforge::dtype::fp8::Fp8Format;
 use attnforge::jit::compile::compile;
+use attnforge::jit::nvrtc::Nvrtc;
 use attnforge::jit::{Arch, CompileOptions, KernelSource};
 use attnforge::problem::MaskKind;
 use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch};
@@ -269,27 +272,11 @@ fn head_dim_256_kernels_compile_within_their_spill_budget() {
             })
             .unwrap();
         let r = render(&spec);
-        let src = KernelSource {
-            name: &r.name,
-            entry: &r.entry,
-            source: &r.source,
-            snippets: &r.snippets,
-        };
-        let compiled = compile(&nvrtc, &src, &CompileOptions::new(Arch::Sm90a))
-            .unwrap_or_else(|e| panic!("{}: {e}", r.name));
-        let report = &compiled.report;
-        let spills = report.spill_store_bytes.max(report.spill_load_bytes);
-        assert!(
-            spills <= u64::from(r.spill_budget_bytes),
-            "{}: {spills} bytes spilled, budget {}",
-            r.name,
-            r.spill_budget_bytes
-        );
+        compiles_within_budget(&nvrtc, &r);
         assert_eq!(
             r.spill_budget_bytes,
             TileConfig::WARP_SPECIALIZED_WIDE_HEAD_SPILL_BUDGET_BYTES
         );
-        assert!(report.wgmma_serialized.is_none(), "{}", r.name);
     }
 }
 
@@ -318,22 +305,28 @@ fn f16_qk_kernels_compile_within_their_spill_budget() {
             .unwrap();
         let r = render(&spec);
         assert!(r.source.contains("constexpr bool QK_F16_ACCUM = true;"));
-        let src = KernelSource {
-            name: &r.name,
-            entry: &r.entry,
-            source: &r.source,
-            snippets: &r.snippets,
-        };
-        let compiled = compile(&nvrtc, &src, &CompileOptions::new(Arch::Sm90a))
-            .unwrap_or_else(|e| panic!("{}: {e}", r.name));
-        let report = &compiled.report;
-        let spills = report.spill_store_bytes.max(report.spill_load_bytes);
-        assert!(
-            spills <= u64::from(r.spill_budget_bytes),
-            "{}: {spills} bytes spilled, budget {}",
-            r.name,
-            r.spill_budget_bytes
-        );
-        assert!(report.wgmma_serialized.is_none(), "{}", r.name);
+        compiles_within_budget(&nvrtc, &r);
     }
+}
+
+/// Compiles `r` for sm_90a and checks that it spills no more than its budget and keeps its wgmma
+/// products asynchronous.
+fn compiles_within_budget(nvrtc: &Nvrtc, r: &RenderedKernel) {
+    let src = KernelSource {
+        name: &r.name,
+        entry: &r.entry,
+        source: &r.source,
+        snippets: &r.snippets,
+    };
+    let compiled = compile(nvrtc, &src, &CompileOptions::new(Arch::Sm90a))
+        .unwrap_or_else(|e| panic!("{}: {e}", r.name));
+    let report = &compiled.report;
+    let spills = report.spill_store_bytes.max(report.spill_load_bytes);
+    assert!(
+        spills <= u64::from(r.spill_budget_bytes),
+        "{}: {spills} bytes spilled, budget {}",
+        r.name,
+        r.spill_budget_bytes
+    );
+    assert!(report.wgmma_serialized.is_none(), "{}", r.name);
 }
