@@ -25,6 +25,9 @@ const MERGE_STATES: (&str, &str) = (
 
 /// Threads per CTA of the append kernel.
 pub const APPEND_THREADS: u32 = 256;
+/// Threads per new token of the append kernel's wide launch (`append::WIDE_TOKEN_THREADS`: each
+/// takes every 64th 16-byte chunk of the token's K and V rows).
+pub const APPEND_WIDE_TOKEN_THREADS: u32 = 64;
 /// Threads per CTA of the public merge kernel.
 pub const MERGE_STATES_THREADS: u32 = 128;
 /// (row, head) items merged per CTA of the public merge kernel: one per warp.
@@ -75,7 +78,7 @@ pub fn render_append() -> RenderedFixed {
         &AppendParams::standalone_cuda_struct(),
         &[FP8, APPEND],
         &format!(
-            "static_assert(append::NUM_THREADS == {APPEND_THREADS}, \"append launch shape\");\n\
+            "static_assert(append::NUM_THREADS == {APPEND_THREADS} && append::WIDE_TOKEN_THREADS == {APPEND_WIDE_TOKEN_THREADS}, \"append launch shape\");\n\
              extern \"C\" __global__ void __launch_bounds__(append::NUM_THREADS)\n\
              {entry}(const __grid_constant__ AppendParams params) {{\n  append::run(params);\n}}"
         ),

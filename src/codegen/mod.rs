@@ -18,8 +18,8 @@ mod variant;
 
 pub use fast_divisor::FastDivisor;
 pub use fixed::{
-    render_append, render_merge_states, RenderedFixed, APPEND_THREADS, MERGE_STATES_ITEMS_PER_CTA,
-    MERGE_STATES_THREADS,
+    render_append, render_merge_states, RenderedFixed, APPEND_THREADS, APPEND_WIDE_TOKEN_THREADS,
+    MERGE_STATES_ITEMS_PER_CTA, MERGE_STATES_THREADS,
 };
 pub use params::{
     AppendParams, MergeParams, ParamBlockLayout, PrefillParams, TmaMap, VariantLayout,

@@ -16,7 +16,7 @@ use super::launch::{launch_1d, Launch1d};
 use super::memory;
 use super::paged::{cache_strides, CacheBuffer, CacheElements, DevicePagedKv};
 use super::pages::KernelPages;
-use crate::codegen::{self, AppendParams, APPEND_THREADS};
+use crate::codegen::{self, AppendParams, APPEND_THREADS, APPEND_WIDE_TOKEN_THREADS};
 use crate::dtype::fp8::Fp8Format;
 use crate::dtype::DType;
 use crate::paged::{validate_append, PageTable, PagedKvLayout};
@@ -148,9 +148,6 @@ impl Engine {
 /// spread over more CTAs (the wide one took 2.4 -> 2.5 us f16, 2.7 -> 3.0 us e4m3 at 64 tokens).
 /// Measured with `attnforge bench --suite paged --all --filter append-`.
 const APPEND_WIDE_FROM_TOKENS: usize = 4096;
-
-/// Threads of the wide launch per new token (`append::WIDE_TOKEN_THREADS`).
-const APPEND_WIDE_TOKEN_THREADS: usize = 64;
 
 /// One checked append batch on the device ([`Engine::plan_append`]): the layout, the kernel and
 /// the index arrays it reads (new-token indptr, each request's length, the kernels' page table).
@@ -350,7 +347,7 @@ impl AppendPlan {
         // The kernel numbers its CTAs' threads in 32 bits (`append::run_wide`).
         let blocks = if wide {
             self.total_new
-                .saturating_mul(APPEND_WIDE_TOKEN_THREADS)
+                .saturating_mul(APPEND_WIDE_TOKEN_THREADS as usize)
                 .div_ceil(APPEND_THREADS as usize)
         } else {
             self.total_new
