@@ -5,6 +5,7 @@
 
 use crate::dtype::{DType, Element};
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 /// A flat host buffer of f16, bf16 or f32 elements.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,8 +22,10 @@ impl HostTensor {
     /// Rounds each f32 value to `dtype`.
     pub fn from_f32(dtype: DType, values: &[f32]) -> HostTensor {
         match dtype {
-            DType::F16 => HostTensor::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
-            DType::Bf16 => HostTensor::Bf16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::F16 => HostTensor::F16(values.par_iter().map(|&x| f16::from_f32(x)).collect()),
+            DType::Bf16 => {
+                HostTensor::Bf16(values.par_iter().map(|&x| bf16::from_f32(x)).collect())
+            }
             DType::F32 => HostTensor::F32(values.to_vec()),
         }
     }
@@ -74,8 +77,8 @@ impl HostTensor {
     /// All elements widened to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self {
-            HostTensor::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            HostTensor::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostTensor::F16(v) => v.par_iter().map(|x| x.to_f32()).collect(),
+            HostTensor::Bf16(v) => v.par_iter().map(|x| x.to_f32()).collect(),
             HostTensor::F32(v) => v.clone(),
         }
     }

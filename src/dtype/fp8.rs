@@ -135,9 +135,11 @@ impl Fp8Format {
     }
 }
 
-/// 2^e for the small exponents fp8 needs (exact in f32).
+/// 2^e for the small exponents fp8 needs, -16 to 15, built from its exponent field (`powi` is a
+/// library call a benchmark's gigabyte-sized cache would make billions of times).
 fn pow2(e: i32) -> f32 {
-    f32::powi(2.0, e)
+    debug_assert!((-126..=127).contains(&e), "2^{e} is not a normal f32");
+    f32::from_bits(((e + 127) as u32) << 23)
 }
 
 impl fmt::Display for Fp8Format {

@@ -154,12 +154,9 @@ fn quantize_new_rows(
         ));
     }
     Ok(values
-        .par_chunks(dim)
+        .par_iter()
         .enumerate()
-        .flat_map_iter(|(row, xs)| {
-            let scale = scales.scale(new.is_k, row % heads);
-            xs.iter().map(move |&x| quantize_value(format, x, scale))
-        })
+        .map(|(i, &x)| quantize_value(format, x, scales.scale(new.is_k, i / dim % heads)))
         .collect())
 }
 
