@@ -12,8 +12,8 @@
 // head h becomes f32_to_fp8(div_rn(x, scale[h])) (fp8.cuh): nearest, ties to even, saturating; a
 // NaN element becomes 0x7F and an infinity the largest finite code (the host cannot check device
 // rows first). On sm_89 and later the conversion is the hardware's (two elements an
-// instruction, its NaN replaced by 0x7F); the software conversion computes the same codes
-// elsewhere.
+// instruction; a chunk with a NaN quotient is converted again with each NaN code replaced by
+// 0x7F); the software conversion computes the same codes elsewhere.
 // Requires: common.cuh, fp8.cuh and the rendered AppendParams.
 
 namespace append {
@@ -53,10 +53,36 @@ __device__ __forceinline__ u32_t f32x2_to_fp8x2(float a, float b) {
 // Eight codes of `x / scale`, code 0 in the low byte of `.x`.
 template <int FMT>
 __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
+  float q[8];
+  bool any_nan = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    q[i] = div_rn(x[i], scale);
+    any_nan = any_nan || q[i] != q[i];
+  }
   u32_t words[2] = {0u, 0u};
+#if __CUDA_ARCH__ >= 890
+  // The hardware's pairs as they are; only a chunk with a NaN needs its NaN codes replaced.
+  if (!any_nan) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      u16_t pair;
+      if constexpr (FMT == KV_FP8_E4M3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(q[i + 1]), "f"(q[i]));
+      } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(q[i + 1]), "f"(q[i]));
+      }
+      words[i / 4] |= static_cast<u32_t>(pair) << (8 * (i % 4));
+    }
+    uint2 r;
+    r.x = words[0];
+    r.y = words[1];
+    return r;
+  }
+#endif
 #pragma unroll
   for (int i = 0; i < 8; i += 2)
-    words[i / 4] |= f32x2_to_fp8x2<FMT>(div_rn(x[i], scale), div_rn(x[i + 1], scale)) << (8 * (i % 4));
+    words[i / 4] |= f32x2_to_fp8x2<FMT>(q[i], q[i + 1]) << (8 * (i % 4));
   uint2 r;
   r.x = words[0];
   r.y = words[1];
