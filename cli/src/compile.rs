@@ -209,7 +209,7 @@ fn rendered_matrix(filter: Option<&str>) -> Result<Vec<Unit>, String> {
             entry: fixed.entry,
             source: fixed.source,
             snippets: Vec::new(),
-            spill_budget_bytes: 0,
+            spill_budget_bytes: fixed.spill_budget_bytes,
             tile: None,
         });
     }
