@@ -135,7 +135,7 @@ impl Fp8Format {
     }
 }
 
-/// 2^e for the small exponents fp8 needs, -16 to 15, built from its exponent field (`powi` is a
+/// 2^e for the small exponents fp8 needs, -16 to 13, built from its exponent field (`powi` is a
 /// library call a benchmark's gigabyte-sized cache would make billions of times).
 fn pow2(e: i32) -> f32 {
     debug_assert!((-126..=127).contains(&e), "2^{e} is not a normal f32");
