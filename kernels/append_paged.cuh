@@ -95,7 +95,9 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
 // of a thread's chunks; a thread loads up to CHUNKS_IN_FLIGHT chunks before it writes any. The
 // narrow launch: one chunk a thread, blocks_per_token CTAs a token.
 constexpr int WIDE_TOKEN_THREADS = 64;
-constexpr int CHUNKS_IN_FLIGHT = 4;
+// Two rather than four: the fewer registers let six CTAs share an SM (APPEND_MIN_BLOCKS_PER_SM in
+// src/codegen/fixed.rs says what that measured).
+constexpr int CHUNKS_IN_FLIGHT = 2;
 
 // Chunk `c` of a token's rows (K chunks first, then V) into its slot, from the loaded chunk `x`
 // of the new rows: copied, or quantised to fp8 codes.

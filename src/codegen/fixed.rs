@@ -28,14 +28,15 @@ pub const APPEND_THREADS: u32 = 256;
 /// Threads per new token of the append kernel's wide launch (`append::WIDE_TOKEN_THREADS`: each
 /// takes every 64th 16-byte chunk of the token's K and V rows).
 pub const APPEND_WIDE_TOKEN_THREADS: u32 = 64;
-/// Smallest number of append CTAs an SM must hold (`__launch_bounds__`'s second argument): five
-/// (48 registers) rather than the four that 61 registers allow, since the quantising append
-/// issues an instruction in most cycles and needs the warps more than the registers (e4m3, 16 x
-/// 1024 new tokens, H100: 2.31 against 2.17 TB/s, f16 2.70 against 2.72; `attnforge bench
+/// Smallest number of append CTAs an SM must hold (`__launch_bounds__`'s second argument): six
+/// (40 registers, with two chunks in flight a thread: `CHUNKS_IN_FLIGHT` in
+/// `kernels/append_paged.cuh`), since the quantising append issues an instruction in most cycles
+/// and needs the warps more than the loads in flight (e4m3, 16 x 1024 new tokens, H100: 2.39
+/// against 2.31 TB/s for four chunks and five CTAs, f16 2.67 against 2.69; `attnforge bench
 /// --suite paged --all --filter append-` with each build, A B B A).
-pub const APPEND_MIN_BLOCKS_PER_SM: u32 = 5;
+pub const APPEND_MIN_BLOCKS_PER_SM: u32 = 6;
 /// Register spill bytes the append kernel may have at [`APPEND_MIN_BLOCKS_PER_SM`] (ptxas stores
-/// 8 bytes for sm_90a and 4 for sm_80, and loads 24 and 8: `attnforge compile --filter append`).
+/// 8 bytes and loads 16 for sm_90a and sm_80: `attnforge compile --filter append`).
 pub const APPEND_SPILL_BUDGET_BYTES: u32 = 32;
 /// Threads per CTA of the public merge kernel.
 pub const MERGE_STATES_THREADS: u32 = 128;
