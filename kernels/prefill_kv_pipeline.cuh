@@ -132,7 +132,10 @@ struct TmaTileTest {
 // page_ids(t) (t % 2), copied there with tile t - 1's group (tile 0's rows read the page table
 // directly). policy::TMA_KV: the mbarrier tma_bar(t) of buffer t % 2 completes when tile t's boxes
 // have landed (its (t / 2)-th use: the phase parity tile t waits for).
-struct KvLoads {
+// (A template, like run_cta, so that its loads are instantiated only where run_cta uses them: the
+// warp-specialised kernel's tile spec has consumer threads these loads are not written for.)
+template <int = 0>
+struct KvLoadsOf {
   const PrefillParams& p;
   const QueryTile& tile;
   const RequestMaskContext& m;
@@ -243,5 +246,6 @@ struct KvLoads {
     }
   }
 };
+using KvLoads = KvLoadsOf<>;
 
 }  // namespace prefill

@@ -62,9 +62,11 @@ static_assert(KV_SUB % 16 == 0 && KV_TILE % KV_SUB == 0, "KV tile: whole sub-til
 static_assert(KV_STAGES == 2 || (SINGLE_BUFFER && !WARPS_SPLIT_KEYS && !spec::KV_PAGED && KV_SUB == KV_TILE),
               "one K/V buffer: the rows layout over ragged K/V, one sub-tile per tile");
 static_assert(!spec::QK_F16_ACCUM || !DTypeTraits<DTypeIn>::IS_BF16, "f16 QK accumulation needs f16 inputs");
-static_assert(!WGMMA || ((NUM_WARPS == 4 || NUM_WARPS == 8) && !WARPS_SPLIT_KEYS && KV_SUB == KV_TILE &&
+static_assert(!WGMMA || ((NUM_WARPS == 4 || NUM_WARPS == 8 || (spec::WARP_SPECIALIZED && NUM_WARPS == 12)) &&
+                          !WARPS_SPLIT_KEYS && KV_SUB == KV_TILE &&
                           (KV_TILE == 64 || (spec::WARP_SPECIALIZED && KV_TILE == 128))),
-              "wgmma tiles: one or two warpgroups of row warps, 64-key tiles (128 warp-specialised)");
+              "wgmma tiles: one or two warpgroups of row warps (three warp-specialised), 64-key tiles (128 "
+              "warp-specialised)");
 static_assert(!policy::TMA_KV || (WGMMA && !spec::KV_PAGED && !SINGLE_BUFFER),
               "TMA copies: ragged two-buffer wgmma tiles");
 static_assert(KV_SUB % policy::F32_PIECE == 0 && policy::F32_PIECE % 16 == 0, "f32 pieces: whole k16 blocks of P");

@@ -12,14 +12,15 @@
 //   zero-filled, then announced on the same barriers. Over a paged cache every tile is copied by
 //   the warpgroup's cp.async, each row from its page, and each thread's copies arrive on the full
 //   barrier as they land, so the producer never waits for its own copies;
-// - warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 of the CTA's 128 packed query
-//   rows (the tile's spec constants describe these two warpgroups: prefill_tile.cuh): S = Q K^T
+// - warpgroups 1 to WS_CONSUMERS consume (setmaxnreg.inc), each owning 64 of the CTA's packed
+//   query rows (two: 128 rows; three, at head dim 64: 192; the tile's spec constants describe
+//   these warpgroups: prefill_tile.cuh): S = Q K^T
 //   and O += P V by wgmma, the variant, the mask and the online softmax of the shared step
 //   (prefill_step.cuh), the stores of prefill_epilogue.cuh; with f16 QK accumulation S is
 //   accumulated in f16 and widened to f32 before the logits (ws_widen_s);
-// - the consumers take turns at the tensor cores (ping-pong, two named barriers): a warpgroup
-//   issues its products of a turn (S_j = Q K_j^T, then P_{j-1} V_{j-1}) and hands the turn over,
-//   so that its softmax runs while the other warpgroup's products do;
+// - the consumers take turns at the tensor cores in a fixed rotation (one named barrier each): a
+//   warpgroup issues its products of a turn (S_j = Q K_j^T, then P_{j-1} V_{j-1}) and hands the
+//   turn to the next, so that its softmax runs while the others' products do;
 // - inside a warpgroup, the softmax of S_j runs while P_{j-1} V_{j-1} is still being computed:
 //   the update's rescale of the output is collected as factors and applied once that product is
 //   done (nothing is in flight from one tile to the next, so ptxas keeps the products async).
@@ -42,6 +43,9 @@ namespace prefill {
 
 constexpr int WS_STAGES = spec::WS_KV_STAGES;
 constexpr int WS_PRODUCER_THREADS = 128;
+// Consumer warpgroups: two, or three at head dim 64 (TileConfig::ws_consumers), where a tile's
+// products take half as long as at 128 and two softmaxes can run under one warpgroup's.
+constexpr int WS_CONSUMERS = NUM_WARPS / 4;
 constexpr int WS_THREADS = WS_PRODUCER_THREADS + NUM_THREADS;
 // The output's staging area: the CTA's rows, 16-byte chunks (prefill_epilogue.cuh's row layout),
 // in a region of its own unless it is the Q tile (spec::WS_OUTPUT_IN_Q_TILE, the host's choice:
@@ -67,17 +71,20 @@ constexpr int WS_Q_TILES = WS_Q_IN_REGISTERS || !WS_Q_AHEAD ? 1 : 2;
 // 4 to 88 bytes of them (head dim 128; `attnforge compile --arch sm_90a --filter ws2q1kv128`),
 // at 240 none but with a custom mask, and the producer's TMA loop fits 24. The same 240 where the
 // products read Q from shared memory at head dim 256 (128 of O, 32 logits, 16 of P).
-constexpr int WS_PRODUCER_REGS = KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 24 : 40;
-constexpr int WS_CONSUMER_REGS = KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 240 : 232;
+// With three consumer warpgroups (head dim 64: 32 of O, at most 64 logits and 32 of P) 32 x 128 +
+// 160 x 384 = 65536, the launch's 128 x 512.
+constexpr int WS_PRODUCER_REGS = WS_CONSUMERS == 3 ? 32 : KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 24 : 40;
+constexpr int WS_CONSUMER_REGS = WS_CONSUMERS == 3 ? 160 : KV_TILE == 128 || !WS_Q_IN_REGISTERS ? 240 : 232;
 constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BYTES + V_TILE_BYTES) + O_STAGE_BYTES +
                               4 * WS_STAGES * 8 + SMEM_ALIGN_SLACK;
 // Named barriers (0 is __syncthreads): the producer warpgroup's copies of a partial tile (1), each
-// consumer warpgroup's turn at the tensor cores (4, 5).
+// consumer warpgroup's turn at the tensor cores (4, 5 and with three consumers 6).
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
-static_assert(WGMMA && NUM_WARPS == 8 && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
+static_assert(WGMMA && (NUM_WARPS == 8 || (NUM_WARPS == 12 && QK_CHUNKS == 8 && VO_CHUNKS == 8)) && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
                   spec::KV_FP8 == KV_FP8_NONE,
-              "warp-specialised tile: two consumer warpgroups of 64 rows, 64- or 128-key tiles, f16/bf16 K/V");
+              "warp-specialised tile: two consumer warpgroups of 64 rows (three at head dim 64), 64- or 128-key tiles, "
+              "f16/bf16 K/V");
 static_assert(!WS_OUTPUT_IN_Q_TILE || !WS_Q_IN_REGISTERS,
               "the output staged in the Q tile: the products read Q from there, so its rows are free only after them");
 // Arrivals that complete a full barrier's phase: the producer's thread 0 (with its TMA bytes), or
@@ -505,11 +512,13 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
   }
   ws::registers_inc<WS_CONSUMER_REGS>();
 
-  // This consumer warpgroup (0 or 1) and warp (0..7 over both).
+  // This consumer warpgroup (0 .. WS_CONSUMERS - 1) and warp (0 .. NUM_WARPS - 1 over all of them).
   const int consumer = static_cast<int>(warp_uniform(warp / 4 - 1));
   const int cwarp = warp - WS_PRODUCER_THREADS / 32;
   const WarpRows warp_rows{consumer * WARPGROUP_ROWS + (cwarp % 4) * 16};
-  const u32_t my_turn = WS_BAR_TURN + consumer, other_turn = WS_BAR_TURN + 1 - consumer;
+  // A turn's barrier counts its warpgroup and the one before it in the rotation, which arrives.
+  const u32_t my_turn = WS_BAR_TURN + consumer;
+  const u32_t other_turn = WS_BAR_TURN + (consumer + 1 == WS_CONSUMERS ? 0 : consumer + 1);
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
   unsigned char* const o_bytes = smem_raw + (o_stage - raw_base);
 
@@ -551,9 +560,9 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
     softmax.init();
     const int n = it.num_tiles;
     if (n > 0) {
-      // Turns alternate from consumer 0's first; each warpgroup takes n + 1 of them, and
-      // consumer 1 hands its last one over to nobody.
-      if (consumer == 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
+      // Turns rotate from consumer 0's first; each warpgroup takes n + 1 of them, and the last
+      // consumer hands its last one over to nobody.
+      if (consumer == WS_CONSUMERS - 1) ws::named_arrive(WS_BAR_TURN, 2 * 128);
       float s[MMA_Q][KV_NT][4];
       // With f16 QK accumulation, the products' accumulators (ws_widen_s widens them into s);
       // unused otherwise.
@@ -623,7 +632,7 @@ __device__ __forceinline__ void run_ws_cta(const PrefillParams& p) {
       ws::named_sync(my_turn, 2 * 128);
       wgmma_fence();
       ws_issue_pv(ring.v(first + n - 1).base, pf, o);
-      if (consumer == 0) ws::named_arrive(other_turn, 2 * 128);
+      if (consumer != WS_CONSUMERS - 1) ws::named_arrive(other_turn, 2 * 128);
       wgmma_wait<0>();
       ring.release(ws::Rows::V, first + n - 1);
     }

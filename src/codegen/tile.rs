@@ -32,8 +32,9 @@ pub struct TileConfig {
     pub wgmma: bool,
     /// The warp-specialised kernel (`kernels/prefill_ws.cuh`, sm_90a): a producer warpgroup
     /// fills a ring of `kv_stages` K/V stages by TMA while two consumer warpgroups of 64 rows
-    /// each (`num_warps` 12 in all, `mma_q` 1, `wgmma`) take turns at the tensor cores, over
-    /// K/V tiles of 64 or 128 keys. Label `ws{kv_stages}q1kv{kv_tile}`; see
+    /// each (`num_warps` 12 in all, `mma_q` 1, `wgmma`), or three at head dim 64 (`num_warps`
+    /// 16), take turns at the tensor cores, over K/V tiles of 64 or 128 keys. Label
+    /// `ws{kv_stages}q1kv{kv_tile}`, with `c3` after it for three consumers; see
     /// [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED).
     pub warp_specialized: bool,
 }
@@ -147,6 +148,9 @@ impl TileConfig {
     /// 64-key tiles in two stages fit, at (192, 128) 128-key tiles in two stages or 64-key
     /// tiles in up to three, each with the output staged in the Q tile).
     fn supports_warp_specialized(self, dims: HeadDims) -> bool {
+        if self.ws_consumers() == 3 && (dims.qk(), dims.vo()) != (64, 64) {
+            return false;
+        }
         matches!(
             (dims.qk(), dims.vo()),
             (64, 64) | (128, 128) | (256, 256) | (192, 128)
@@ -228,10 +232,18 @@ impl TileConfig {
     }
 
     /// The warp-specialised tile with a ring of `stages` K/V stages of `kv_tile` keys (64 or
-    /// 128: S = Q K^T of a stage is one `m64n{kv_tile}k16` product per k16 step).
+    /// 128: S = Q K^T of a stage is one `m64n{kv_tile}k16` product per k16 step) and two consumer
+    /// warpgroups.
     pub const fn warp_specialized(stages: u32, kv_tile: u32) -> TileConfig {
+        Self::warp_specialized_consumers(stages, kv_tile, 2)
+    }
+
+    /// [`warp_specialized`](Self::warp_specialized) with `consumers` consumer warpgroups of 64
+    /// rows each: 2, or 3 at head dim 64 (their 160 registers a thread hold its 32 output
+    /// accumulators beside a 128-key tile's logits).
+    pub const fn warp_specialized_consumers(stages: u32, kv_tile: u32, consumers: u32) -> TileConfig {
         TileConfig {
-            num_warps: WS_PRODUCER_WARPS + 8,
+            num_warps: WS_PRODUCER_WARPS + 4 * consumers,
             mma_q: 1,
             kv_tile,
             kv_sub: kv_tile,
@@ -264,6 +276,20 @@ impl TileConfig {
     /// Q, 128 KB of ring; its output staged in the Q tile).
     pub const WARP_SPECIALIZED_D256: TileConfig = Self::warp_specialized(2, 64);
 
+    /// The warp-specialised tile of three consumer warpgroups (192 rows) at head dim 64, where
+    /// a tile's products take half as long as at 128: 128-key tiles in two stages.
+    pub const WARP_SPECIALIZED_THREE_CONSUMERS: TileConfig =
+        Self::warp_specialized_consumers(2, 128, 3);
+
+    /// Consumer warpgroups of a warp-specialised tile (0 for any other).
+    pub fn ws_consumers(self) -> u32 {
+        if self.warp_specialized {
+            self.compute_warps() / 4
+        } else {
+            0
+        }
+    }
+
     /// The warp-specialised tiles of the compile matrix ([`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED)).
     pub fn warp_specialized_tiles() -> impl Iterator<Item = TileConfig> {
         Self::WARP_SPECIALIZED
@@ -272,13 +298,15 @@ impl TileConfig {
     }
 
     /// The warp-specialised tiles of the compile matrix that compute `dims`: at head dims 64
-    /// and 128 those of [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) (that fit); at the others
+    /// and 128 those of [`WARP_SPECIALIZED`](Self::WARP_SPECIALIZED) (that fit), at 64 also
+    /// [`WARP_SPECIALIZED_THREE_CONSUMERS`](Self::WARP_SPECIALIZED_THREE_CONSUMERS); at the others
     /// one tile, the planner's kind ([`PLANNED_WARP_SPECIALIZED`](Self::PLANNED_WARP_SPECIALIZED))
     /// where it fits ((192, 128), with the output staged in the Q tile), else
     /// [`WARP_SPECIALIZED_D256`](Self::WARP_SPECIALIZED_D256) where that fits (256).
     pub fn warp_specialized_tiles_for(dims: HeadDims) -> Vec<TileConfig> {
         if matches!((dims.qk(), dims.vo()), (64, 64) | (128, 128)) {
             return Self::warp_specialized_tiles()
+                .chain([Self::WARP_SPECIALIZED_THREE_CONSUMERS])
                 .filter(|t| t.supports_wgmma(dims))
                 .collect();
         }
@@ -293,7 +321,15 @@ impl TileConfig {
     /// `w4q1kv64s16k` when the warps split the keys and `w4q1kv64b1` with one K/V buffer.
     pub fn label(self) -> String {
         if self.warp_specialized {
-            return format!("ws{}q{}kv{}", self.kv_stages, self.mma_q, self.kv_tile);
+            let consumers = if self.ws_consumers() == 2 {
+                String::new()
+            } else {
+                format!("c{}", self.ws_consumers())
+            };
+            return format!(
+                "ws{}q{}kv{}{consumers}",
+                self.kv_stages, self.mma_q, self.kv_tile
+            );
         }
         let sub = if self.kv_sub == self.kv_tile {
             String::new()
@@ -314,10 +350,14 @@ impl TileConfig {
     /// for anything else or a tiling the kernel cannot run.
     pub fn parse(s: &str) -> Option<TileConfig> {
         if let Some(rest) = s.strip_prefix("ws") {
+            let (rest, consumers) = match rest.strip_suffix("c3") {
+                Some(rest) => (rest, 3),
+                None => (rest, 2),
+            };
             let (stages, rest) = rest.split_once('q')?;
             let (q, kv) = rest.split_once("kv")?;
             let keys = kv.parse::<u32>().ok()?;
-            let t = TileConfig::warp_specialized(stages.parse().ok()?, keys);
+            let t = TileConfig::warp_specialized_consumers(stages.parse().ok()?, keys, consumers);
             let valid = (2..=8).contains(&t.kv_stages)
                 && q.parse::<u32>().ok()? == t.mma_q
                 && matches!(keys, 64 | 128);
