@@ -99,7 +99,7 @@ pub fn compile_matrix() -> Vec<KernelSpec> {
                         for kv in KvCache::ALL {
                             let ws = TileConfig::warp_specialized_tiles_for(head_dims)
                                 .into_iter()
-                                .filter(|ws| ws.supports(kv));
+                                .filter(|ws| ws.supports(kv) && ws.computes(mask, variant.kind()));
                             for tile in TileConfig::candidates(head_dims, qk_accum, kv)
                                 .into_iter()
                                 .chain(ws)

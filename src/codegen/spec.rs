@@ -148,7 +148,8 @@ pub(crate) fn check_cuda_dtypes(problem: &AttentionProblem) -> Result<(), Error>
 }
 
 /// Refuses a problem the warp-specialised tile cannot compute, saying what it can: head dims 64,
-/// 128, 256 and (192, 128) (the ring in one CTA's shared memory).
+/// 128, 256 and (192, 128) (the ring in one CTA's shared memory); with three consumer warpgroups
+/// head dim 64 without a logits transform or a custom mask ([`TileConfig::computes`]).
 fn check_warp_specialized(
     problem: &AttentionProblem,
     kv: KvCache,
@@ -158,6 +159,12 @@ fn check_warp_specialized(
         Some(format!("{} K/V", kv.name()))
     } else if !tile.supports_wgmma(problem.head_dims) {
         Some(format!("head dims {}", problem.head_dims))
+    } else if !tile.computes(problem.mask.kind(), problem.variant.kind()) {
+        Some(format!(
+            "the {} mask and the {} variant",
+            problem.mask.kind().name(),
+            problem.variant.kind().name()
+        ))
     } else {
         None
     };
@@ -167,7 +174,8 @@ fn check_warp_specialized(
             backend: "cuda",
             what: format!("the warp-specialised tile {} with {what}", tile.label()),
             supported:
-                "ragged or paged K/V, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages)"
+                "ragged or paged K/V, head dims 64, 128, 256 and (192, 128) (a ring of at most 227 KB: at 256 64-key tiles in two stages); \
+                 three consumer warpgroups (`c3`) at head dim 64 only, without soft-cap, ALiBi, a custom variant or a custom mask"
                     .into(),
         }),
     }

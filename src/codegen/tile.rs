@@ -5,7 +5,7 @@
 
 use super::spec::KvCache;
 use crate::jit::Arch;
-use crate::problem::{HeadDims, QkAccum};
+use crate::problem::{HeadDims, MaskKind, QkAccum, VariantKind};
 
 /// How one CTA of the prefill kernel is tiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -280,6 +280,16 @@ impl TileConfig {
     /// a tile's products take half as long as at 128: 128-key tiles in two stages.
     pub const WARP_SPECIALIZED_THREE_CONSUMERS: TileConfig =
         Self::warp_specialized_consumers(2, 128, 3);
+
+    /// Whether this tile computes kernels of `mask` and `variant`: every tile but the
+    /// three-consumer one, which leaves out the variants that transform the logits (soft-cap,
+    /// ALiBi, custom ones) and custom masks: with them its 160 registers a consumer thread spill
+    /// 92-416 bytes (`attnforge compile --arch sm_90a --filter ws2q1kv128c3` with those kernels
+    /// in the matrix), against 8-72 without.
+    pub fn computes(self, mask: MaskKind, variant: VariantKind) -> bool {
+        self.ws_consumers() != 3
+            || (mask != MaskKind::Custom && matches!(variant, VariantKind::None | VariantKind::Sinks))
+    }
 
     /// Consumer warpgroups of a warp-specialised tile (0 for any other).
     pub fn ws_consumers(self) -> u32 {

@@ -170,7 +170,10 @@ pub(crate) fn choose_kv_split(
 /// rows per SM, unsplit, each key costing half a widest-tile slot's divided by
 /// [`WARP_SPECIALIZED_RATE`], and each causal tile paying for the keys of its last 128-key tile
 /// that the mask hides; at head dim 256 [`TileConfig::WARP_SPECIALIZED_D256`], also one CTA of
-/// 128 rows per SM, at [`WARP_SPECIALIZED_D256_GAIN`] times the one-CTA wide tile's rate.
+/// 128 rows per SM, at [`WARP_SPECIALIZED_D256_GAIN`] times the one-CTA wide tile's rate; at
+/// head dim 64 [`TileConfig::WARP_SPECIALIZED_THREE_CONSUMERS`], one CTA of 192 rows per SM at
+/// [`WARP_SPECIALIZED_THREE_CONSUMERS_RATE`], where it computes the kernel
+/// ([`TileConfig::computes`]: no logits transform).
 pub(crate) fn choose_tile_on(
     problem: &AttentionProblem,
     kv: KvCache,
@@ -217,6 +220,10 @@ pub(crate) fn choose_tile_on(
         }
     }
     let planned_ws = match (dims.qk(), dims.vo()) {
+        (64, 64) => Some((
+            TileConfig::WARP_SPECIALIZED_THREE_CONSUMERS,
+            WARP_SPECIALIZED_THREE_CONSUMERS_RATE,
+        )),
         (128, 128) => Some((TileConfig::PLANNED_WARP_SPECIALIZED, WARP_SPECIALIZED_RATE)),
         (256, 256) => Some((
             TileConfig::WARP_SPECIALIZED_D256,
@@ -227,6 +234,7 @@ pub(crate) fn choose_tile_on(
     if let Some((ws, rate)) = planned_ws {
         let eligible = persistent
             && !matches!(problem.mask, Mask::Custom(_))
+            && ws.computes(problem.mask.kind(), problem.variant.kind())
             && ws.runs_on(arch, dims)
             && ws.supports(kv);
         if eligible {
@@ -301,6 +309,13 @@ const ONE_CTA_WIDE_TILE_RATE: f64 = 1.07;
 /// 128-key tiles, which the simulation counts apart (`attnforge bench --filter d128 --tile
 /// ws2q1kv128` against the same command without `--tile`).
 const WARP_SPECIALIZED_RATE: f64 = 1.035;
+
+/// Rows per second per SM of the warp-specialised head-dim-64 tile of three consumer warpgroups
+/// (`ws2q1kv128c3`, one CTA of 192 rows per SM) against two CTAs of the widest row tile
+/// (`w8q1kv64g`): 1.14 causal at seq 16384 and 1.15 to 1.19 non-causal at 8192 on an H100 (bf16,
+/// 32 heads; `attnforge bench --all --filter bf16-d64 --tile ws2q1kv128c3` against the same
+/// command without `--tile`).
+const WARP_SPECIALIZED_THREE_CONSUMERS_RATE: f64 = 1.14;
 
 /// Rows per second per SM of the warp-specialised head-dim-256 tile (`ws2q1kv64`) against the
 /// one-CTA wide tile (`w8q1kv64g`): the lowest of 1.06 to 1.13 measured at bf16, 32 heads, causal
@@ -508,7 +523,7 @@ pub(crate) fn prefill_work(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{HeadDims, RaggedBatch};
+    use crate::problem::{HeadDims, RaggedBatch, Variant};
     use crate::DType;
 
     #[test]
@@ -806,7 +821,7 @@ mod tests {
             "w8q1kv64g"
         );
         // At head dim 256 its own tile, on every shape of the grid, short ones too (measured
-        // faster on each); not at 64 (not measured), only on sm_90a.
+        // faster on each), only on sm_90a.
         for (s, hkv, mask) in [
             (512, 32, Mask::Causal),
             (512, 8, Mask::None),
@@ -819,9 +834,34 @@ mod tests {
             );
             assert_ne!(tile(&[(s, s)], hkv, mask, 256, sm90, false), "ws2q1kv64");
         }
+        // At head dim 64 the three-consumer tile from seq 4096 on (measured faster there), the
+        // row tile at 2048 (measured slower); none with a logits transform.
+        for (s, hkv, mask) in [
+            (4096, 32, Mask::Causal),
+            (16384, 8, Mask::Causal),
+            (8192, 32, Mask::None),
+        ] {
+            assert_eq!(
+                tile(&[(s, s)], hkv, mask.clone(), 64, sm90, true),
+                "ws2q1kv128c3"
+            );
+            assert_ne!(tile(&[(s, s)], hkv, mask, 64, sm90, false), "ws2q1kv128c3");
+        }
         assert_eq!(
-            tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, true),
-            tile(&[(8192, 8192)], 32, Mask::None, 64, sm90, false)
+            tile(&[(2048, 2048)], 32, Mask::Causal, 64, sm90, true),
+            "w8q1kv64g"
+        );
+        let softcap = AttentionProblem::new(
+            RaggedBatch::from_lens(&[(8192, 8192)]).unwrap(),
+            32,
+            32,
+            HeadDims::equal(64).unwrap(),
+            DType::Bf16,
+        )
+        .with_variant(Variant::SoftCap { cap: 30.0 });
+        assert_ne!(
+            choose_tile_on(&softcap, KvCache::Ragged, 132, sm90, true).label(),
+            "ws2q1kv128c3"
         );
         assert_eq!(
             tile(&[(8192, 8192)], 32, Mask::None, 128, Arch::Sm80, true),
