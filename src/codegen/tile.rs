@@ -241,7 +241,11 @@ impl TileConfig {
     /// [`warp_specialized`](Self::warp_specialized) with `consumers` consumer warpgroups of 64
     /// rows each: 2, or 3 at head dim 64 (their 160 registers a thread hold its 32 output
     /// accumulators beside a 128-key tile's logits).
-    pub const fn warp_specialized_consumers(stages: u32, kv_tile: u32, consumers: u32) -> TileConfig {
+    pub const fn warp_specialized_consumers(
+        stages: u32,
+        kv_tile: u32,
+        consumers: u32,
+    ) -> TileConfig {
         TileConfig {
             num_warps: WS_PRODUCER_WARPS + 4 * consumers,
             mma_q: 1,
@@ -288,7 +292,8 @@ impl TileConfig {
     /// in the matrix), against 8-72 without.
     pub fn computes(self, mask: MaskKind, variant: VariantKind) -> bool {
         self.ws_consumers() != 3
-            || (mask != MaskKind::Custom && matches!(variant, VariantKind::None | VariantKind::Sinks))
+            || (mask != MaskKind::Custom
+                && matches!(variant, VariantKind::None | VariantKind::Sinks))
     }
 
     /// Consumer warpgroups of a warp-specialised tile (0 for any other).
