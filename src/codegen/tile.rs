@@ -501,7 +501,8 @@ impl TileConfig {
     /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies' addresses
     /// beside the accumulators) and warp-specialised ones (at head dim 128 the custom mask's, up
     /// to 68 B with `ws2q1kv128`, soft-cap 12-20 B; over a paged cache every head-dim-64
-    /// `ws2q1kv128` one, 40-56 B, and most (192, 128) ones, 8-60 B); no kernel serializes its
+    /// `ws2q1kv128` one, 40-56 B, and most (192, 128) ones, 8-60 B; the three-consumer
+    /// `ws2q1kv128c3` ones 8-92 B, outside the main loop); no kernel serializes its
     /// wgmma. Code
     /// that removes 6 of them (f32 row sums over a paged cache, sums by MMA in the bf16 causal ragged
     /// kernels) cost 1.6-3.5% on the kernels it changes, timed on the H200 with `attnforge bench
