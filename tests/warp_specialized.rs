@@ -12,7 +12,7 @@ use attnforge::jit::compile::compile;
 use attnforge::jit::nvrtc::Nvrtc;
 use attnforge::jit::{Arch, CompileOptions, KernelSource};
 use attnforge::problem::MaskKind;
-use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch};
+use attnforge::{AttentionProblem, DType, Error, HeadDims, QkAccum, RaggedBatch, Variant};
 use jit_support::nvrtc;
 
 fn ws() -> TileConfig {
@@ -38,7 +38,16 @@ fn labels_round_trip_and_bad_ones_are_refused() {
         assert!(t.warp_specialized && t.wgmma);
         assert_eq!((t.threads(), t.cta_q(), t.compute_warps()), (384, 128, 8));
     }
+    // Three consumer warpgroups: 512 threads, 192 rows.
+    for label in ["ws2q1kv128c3", "ws4q1kv64c3"] {
+        let t = TileConfig::parse(label).unwrap();
+        assert_eq!(t.label(), label);
+        assert_eq!((t.threads(), t.cta_q(), t.ws_consumers()), (512, 192, 3));
+    }
     for bad in [
+        "ws2q1kv128c2",
+        "ws2q1kv128c4",
+        "ws2q1kv128c",
         "ws1q1kv64",
         "ws9q1kv64",
         "ws4q2kv64",
@@ -155,6 +164,22 @@ fn what_it_cannot_compute_is_refused_naming_what_it_can() {
     }
     let d256 = TileConfig::WARP_SPECIALIZED_D256;
     assert!(KernelSpec::for_problem(&problem(256, DType::Bf16), KvCache::Ragged, d256).is_ok());
+    // Three consumers: head dim 64, without a logits transform or a custom mask.
+    let c3 = TileConfig::WARP_SPECIALIZED_THREE_CONSUMERS;
+    let refused_c3 = |p: &AttentionProblem| match KernelSpec::for_problem(p, KvCache::Ragged, c3) {
+        Err(Error::Unsupported {
+            what, supported, ..
+        }) => {
+            assert!(what.contains("ws2q1kv128c3"), "{what}");
+            assert!(supported.contains("head dim 64 only"), "{supported}");
+            what
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    };
+    assert!(KernelSpec::for_problem(&problem(64, DType::Bf16), KvCache::Paged, c3).is_ok());
+    assert!(refused_c3(&problem(128, DType::Bf16)).contains("head dims"));
+    let softcap = problem(64, DType::Bf16).with_variant(Variant::SoftCap { cap: 30.0 });
+    assert!(refused_c3(&softcap).contains("soft"));
 }
 
 #[test]
@@ -165,20 +190,30 @@ fn the_matrix_has_them_for_every_mask_variant_and_qk_accumulation_over_ragged_an
         .collect();
     // (2 tiles x 2 head dims + 1 tile at each of 256 and (192, 128)) x 3 dtype and QK
     // accumulation pairs (f16 with f32 and with f16 QK, bf16) x 4 masks x 5 variants x (ragged,
-    // paged); none over fp8 pages.
-    assert_eq!(kernels.len(), 720);
+    // paged), and the three-consumer tile at head dim 64 for 3 masks (not custom) x 2 variants
+    // (none, sinks) x 3 pairs x 2; none over fp8 pages.
+    assert_eq!(kernels.len(), 720 + 36);
     assert_eq!(
         kernels
             .iter()
             .filter(|s| s.qk_accum == QkAccum::F16)
             .count(),
-        240
+        240 + 12
     );
     for s in &kernels {
         if s.head_dims.qk() == 256 {
             assert_eq!(s.tile, TileConfig::WARP_SPECIALIZED_D256);
         } else if s.head_dims.qk() == 192 {
             assert_eq!(s.tile, ws128());
+        } else if s.tile == TileConfig::WARP_SPECIALIZED_THREE_CONSUMERS {
+            assert_eq!(s.head_dims.qk(), 64);
+            assert!(
+                s.tile.computes(s.mask, s.variant.kind()),
+                "{}",
+                s.tile.label()
+            );
+            assert!(matches!(s.variant, VariantSpec::None | VariantSpec::Sinks));
+            assert_ne!(s.mask, MaskKind::Custom);
         } else {
             assert!(s.tile == ws() || s.tile == ws128(), "{}", s.tile.label());
         }
