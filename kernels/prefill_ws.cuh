@@ -81,8 +81,8 @@ constexpr int WS_SMEM_BYTES = WS_Q_TILES * Q_TILE_BYTES + WS_STAGES * (K_TILE_BY
 // consumer warpgroup's turn at the tensor cores (4, 5 and with three consumers 6).
 constexpr u32_t WS_BAR_PRODUCER = 1, WS_BAR_TURN = 4;
 
-static_assert(WGMMA && (NUM_WARPS == 8 || (NUM_WARPS == 12 && QK_CHUNKS == 8 && VO_CHUNKS == 8)) && MMA_Q == 1 && (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE &&
-                  spec::KV_FP8 == KV_FP8_NONE,
+static_assert(WGMMA && (NUM_WARPS == 8 || (NUM_WARPS == 12 && QK_CHUNKS == 8 && VO_CHUNKS == 8)) && MMA_Q == 1 &&
+                  (KV_TILE == 64 || KV_TILE == 128) && KV_SUB == KV_TILE && spec::KV_FP8 == KV_FP8_NONE,
               "warp-specialised tile: two consumer warpgroups of 64 rows (three at head dim 64), 64- or 128-key tiles, "
               "f16/bf16 K/V");
 static_assert(!WS_OUTPUT_IN_Q_TILE || !WS_Q_IN_REGISTERS,
