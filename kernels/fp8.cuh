@@ -12,7 +12,7 @@
 //   largest finite saturated, NaN to 0x7F, written out in integer steps as the host does (not the
 //   sm_89 cvt: one code path on every architecture).
 // Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
-// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, div_rn.
+// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal, div_rn.
 
 constexpr int KV_FP8_NONE = 0;
 constexpr int KV_FP8_E4M3 = 1;
@@ -32,6 +32,24 @@ struct Select<false, A, B> {
 __device__ __forceinline__ float mul_rn(float a, float b) {
   float r;
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// a * b + c, rounded once to nearest even, subnormals kept.
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+// 1 / a rounded to nearest even, for a in [2^-126, 2^125] (a normal a with a normal reciprocal):
+// the hardware's approximation refined by one Newton step in fused multiply-adds, which is how
+// rcp.rn.f32 computes that range (its fast path, without the branch to the general routine).
+__device__ __forceinline__ float rcp_rn_normal(float a) {
+  float r0, r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(a));
+  const float e = fma_rn(-a, r0, 1.0f);
+  r = fma_rn(r0, e, r0);
   return r;
 }
 

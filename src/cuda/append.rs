@@ -140,6 +140,9 @@ impl Engine {
     }
 }
 
+/// A token's 16-byte chunks (K and V rows, every KV head) that the append kernel splits exactly.
+const APPEND_MAX_TOKEN_CHUNKS: usize = 1 << 20;
+
 /// New tokens from which the append kernel takes its wide launch (`append::run_wide`: 64 threads
 /// a token, each loading 4 of its chunks before it writes) instead of its narrow one (one chunk a
 /// thread): from here the wide launch still has 2^18 threads, about two per thread slot of an
@@ -177,6 +180,20 @@ impl AppendPlan {
     ) -> Result<AppendPlan, Error> {
         let total_new = *append_indptr.last().unwrap_or(&0) as usize;
         let elements = total_new * layout.num_kv_heads;
+        // The kernel splits a token's chunk index into head and chunk with an f32 reciprocal,
+        // exact below 2^20 chunks (`TokenDst` in kernels/append_paged.cuh).
+        let token_chunks =
+            layout.num_kv_heads * (layout.head_dims.qk() + layout.head_dims.vo()) / 8;
+        if token_chunks >= APPEND_MAX_TOKEN_CHUNKS {
+            return Err(InvalidProblem::new(
+                "num_kv_heads",
+                format!(
+                    "is {}: a token's K and V rows are {token_chunks} chunks of 8 elements, and the append kernel takes fewer than {APPEND_MAX_TOKEN_CHUNKS}",
+                    layout.num_kv_heads
+                ),
+            )
+            .into());
+        }
         let kernel = if elements == 0 {
             None
         } else {

@@ -1,6 +1,7 @@
 //! The GPU as a [`Backend`](crate::verify::Backend) of the verify suite, with the GPU reference
 //! kernel as its full reference.
 
+use super::append_check;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::error::CudaError;
@@ -8,6 +9,7 @@ use super::paged::{PagedPlan, PagedRunMode};
 use super::plan::{persistent_plannable, plan_arch, PlanOptions};
 use super::schedule::{choose_tile_on, SplitChoice};
 use crate::codegen::{self, KernelSpec, KvCache, ReferenceSpec, TileConfig};
+use crate::compare::Comparison;
 use crate::dtype::DType;
 use crate::jit::batch::{compile_in_background, BackgroundCompile, BatchJob};
 use crate::jit::{Arch, CompileOptions, JitError};
@@ -21,7 +23,7 @@ use crate::{AttentionOutput, Error};
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Runs each problem through [`Engine::prefill_host_with_options`] (outputs poisoned with NaN
 /// first).
@@ -435,7 +437,22 @@ impl Backend for CudaBackend {
                 backend_time: Duration::ZERO,
             },
         };
-        vec![result]
+        let started = Instant::now();
+        let codes = append_check::fp8_append_codes(&self.engine);
+        let fp8_append = CaseResult {
+            name: format!(
+                "{SELF_CHECK}fp8 append codes: every f16 and bf16 value into e4m3 and e5m2, both launches"
+            ),
+            passed: codes.is_ok(),
+            outcome: codes.map(|n| Comparison {
+                rows: n,
+                ..Comparison::default()
+            }),
+            oracle: Oracle::Exact,
+            also: Vec::new(),
+            backend_time: started.elapsed(),
+        };
+        vec![result, fp8_append]
     }
 }
 

@@ -67,6 +67,23 @@ pub enum CudaError {
         /// What is wrong.
         reason: String,
     },
+    /// A cache that the device's append filled differs from the host's append of the same rows
+    /// (checked by the verification mode [`PagedRunMode::DeviceAppend`](super::PagedRunMode)).
+    #[error(
+        "the device's append wrote {device} at element {index} of cache buffer {buffer}, where the host's wrote {host} ({count} elements differ)"
+    )]
+    AppendMismatch {
+        /// Which cache buffer (K, V or the combined one, in the storage's order).
+        buffer: usize,
+        /// The first element that differs.
+        index: usize,
+        /// What the device wrote there.
+        device: String,
+        /// What the host wrote there.
+        host: String,
+        /// Elements that differ in that buffer.
+        count: usize,
+    },
 }
 
 /// A byte count with its size in GiB, for messages.

@@ -11,7 +11,7 @@ use super::buffers::{DeviceBytes, DeviceTensor};
 use super::engine::Engine;
 use super::error::CudaError;
 use super::memory;
-use super::paged::{CacheBuffer, CacheElements, DevicePagedKv, PagedPlan, PagedRunMode};
+use super::paged::{first_of, CacheBuffer, CacheElements, DevicePagedKv, PagedPlan, PagedRunMode};
 use super::plan::{PlanOptions, ScaleAddress};
 use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
 use crate::dtype::DType;
@@ -188,6 +188,22 @@ impl CacheBuffer for DeviceFp8Tensor {
 
     fn write(&mut self, stream: &Arc<CudaStream>, host: &Fp8Tensor) -> Result<(), CudaError> {
         DeviceFp8Tensor::write(self, stream, host)
+    }
+
+    fn first_difference(
+        &self,
+        stream: &Arc<CudaStream>,
+        host: &Fp8Tensor,
+    ) -> Result<Option<(usize, String, String, usize)>, CudaError> {
+        let device = self.download(stream)?;
+        Ok(first_of(
+            device
+                .codes
+                .iter()
+                .zip(&host.codes)
+                .map(|(&a, &b)| (a == b, a, b)),
+            |c| format!("code {c:#04x}"),
+        ))
     }
 
     /// Every code's sign flipped.

@@ -7,6 +7,8 @@
 
 mod append;
 #[cfg(feature = "harness")]
+mod append_check;
+#[cfg(feature = "harness")]
 mod backend;
 mod buffers;
 mod device;

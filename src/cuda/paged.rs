@@ -160,6 +160,14 @@ pub(crate) trait CacheBuffer: Sized {
     /// What an append of `dtype` rows into such a cache is, in the error when the append
     /// kernel does not take them.
     fn append_unsupported(dtype: DType) -> String;
+    /// Downloads the buffer and compares it with `host` element by element (NaN equal to NaN in
+    /// a float buffer, codes bit for bit): the first difference as (index, device value, host
+    /// value, count of differences), or `None`.
+    fn first_difference(
+        &self,
+        stream: &Arc<CudaStream>,
+        host: &Self::Host,
+    ) -> Result<Option<(usize, String, String, usize)>, CudaError>;
 }
 
 impl CacheBuffer for DeviceTensor {
@@ -181,6 +189,19 @@ impl CacheBuffer for DeviceTensor {
 
     fn negated(host: &HostTensor) -> HostTensor {
         negated(host)
+    }
+
+    fn first_difference(
+        &self,
+        stream: &Arc<CudaStream>,
+        host: &HostTensor,
+    ) -> Result<Option<(usize, String, String, usize)>, CudaError> {
+        let (device, host) = (self.download(stream)?.to_f32_vec(), host.to_f32_vec());
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        Ok(first_of(
+            device.iter().zip(&host).map(|(&a, &b)| (same(a, b), a, b)),
+            |x| format!("{x:e}"),
+        ))
     }
 
     fn check(&self, name: &'static str, want: DType, need: usize) -> Result<(), CudaError> {
@@ -530,6 +551,20 @@ impl Engine {
                     device_cache_mut(&mut buffers),
                     scales,
                 )?;
+                // The cache must hold exactly what the host's append wrote (the attention below
+                // would hide a code one step off within its tolerance).
+                for (buffer, (d, h)) in buffers.iter().zip(&host_buffers).enumerate() {
+                    if let Some((index, device, host, count)) = d.first_difference(stream, h)? {
+                        return Err(CudaError::AppendMismatch {
+                            buffer,
+                            index,
+                            device,
+                            host,
+                            count,
+                        }
+                        .into());
+                    }
+                }
                 self.run_poisoned(paged.problem(), &name, |o, lse| {
                     plan.run_cache(stream, &qd, device_cache(&buffers), scales, o, lse)
                 })
@@ -564,6 +599,23 @@ impl Engine {
             }
         }
     }
+}
+
+/// The first of `pairs` (equal?, device value, host value) that differs, with both values shown
+/// by `show`, and how many differ.
+pub(crate) fn first_of<T: Copy>(
+    pairs: impl Iterator<Item = (bool, T, T)>,
+    show: impl Fn(T) -> String,
+) -> Option<(usize, String, String, usize)> {
+    let mut first = None;
+    let mut count = 0;
+    for (i, (same, a, b)) in pairs.enumerate() {
+        if !same {
+            count += 1;
+            first.get_or_insert((i, show(a), show(b)));
+        }
+    }
+    first.map(|(i, a, b)| (i, a, b, count))
 }
 
 /// The graph-replay check of a paged plan ([`PagedRunMode::GraphReplay`]) whose buffers in
