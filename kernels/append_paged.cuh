@@ -144,7 +144,9 @@ __device__ __forceinline__ void store_chunk(const AppendParams& p, int c, const 
   const float inv = is_k ? d.k_inv : d.v_inv;
   const int head = static_cast<int>(fma_rn(static_cast<float>(in_rows), inv, 0.5f * inv));
   const int chunk = in_rows - head * row_chunks;
-  const i64_t dst = (is_k ? d.k + head * p.k_head_stride : d.v + head * p.v_head_stride) + chunk * 8;
+  // Within the token's slot the offset fits 32 bits (the host checks the head strides).
+  const int in_slot = head * static_cast<int>(is_k ? p.k_head_stride : p.v_head_stride) + chunk * 8;
+  const i64_t dst = (is_k ? d.k : d.v) + in_slot;
   if constexpr (FMT == KV_FP8_NONE) {
     u16_t* base = static_cast<u16_t*>(is_k ? p.k_cache : p.v_cache);
     *reinterpret_cast<uint4*>(base + dst) = x;

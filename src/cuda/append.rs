@@ -194,6 +194,26 @@ impl AppendPlan {
             )
             .into());
         }
+        // The kernel forms an element's offset within its token's slot in 32 bits.
+        for is_k in [true, false] {
+            let (_, _, _, head_stride) = cache_strides(layout, is_k);
+            let dim = if is_k {
+                layout.head_dims.qk()
+            } else {
+                layout.head_dims.vo()
+            };
+            let slot_extent = (layout.num_kv_heads as i64 - 1) * head_stride + dim as i64;
+            if slot_extent > i64::from(i32::MAX) {
+                return Err(InvalidProblem::new(
+                    "num_kv_heads",
+                    format!(
+                        "is {}: a token's rows span {slot_extent} elements of a page, more than the append kernel's 32-bit offsets",
+                        layout.num_kv_heads
+                    ),
+                )
+                .into());
+            }
+        }
         let kernel = if elements == 0 {
             None
         } else {
