@@ -35,8 +35,13 @@ pub const APPEND_WIDE_TOKEN_THREADS: u32 = 64;
 /// against 2.31 TB/s for four chunks and five CTAs, f16 2.67 against 2.69; `attnforge bench
 /// --suite paged --all --filter append-` with each build, A B B A).
 pub const APPEND_MIN_BLOCKS_PER_SM: u32 = 6;
+/// [`APPEND_MIN_BLOCKS_PER_SM`] before sm_89, where the fp8 conversion is the bit-level one: five
+/// CTAs (48 registers), since at six it spills 64 B (`attnforge compile --arch sm_80 --filter
+/// append`).
+pub const APPEND_MIN_BLOCKS_PER_SM_SOFTWARE_FP8: u32 = 5;
 /// Register spill bytes the append kernel may have at [`APPEND_MIN_BLOCKS_PER_SM`] (ptxas stores
-/// 8 bytes and loads 16 for sm_90a and sm_80: `attnforge compile --filter append`).
+/// 16 bytes and loads 32 for sm_90a, none for sm_80 at its five CTAs: `attnforge compile --arch
+/// sm_90a,sm_80 --filter append`).
 pub const APPEND_SPILL_BUDGET_BYTES: u32 = 32;
 /// Threads per CTA of the public merge kernel.
 pub const MERGE_STATES_THREADS: u32 = 128;
@@ -93,7 +98,12 @@ pub fn render_append() -> RenderedFixed {
         &[FP8, APPEND],
         &format!(
             "static_assert(append::NUM_THREADS == {APPEND_THREADS} && append::WIDE_TOKEN_THREADS == {APPEND_WIDE_TOKEN_THREADS}, \"append launch shape\");\n\
-             extern \"C\" __global__ void __launch_bounds__(append::NUM_THREADS, {APPEND_MIN_BLOCKS_PER_SM})\n\
+             #if __CUDA_ARCH__ >= 890\n\
+             #define APPEND_MIN_BLOCKS {APPEND_MIN_BLOCKS_PER_SM}\n\
+             #else\n\
+             #define APPEND_MIN_BLOCKS {APPEND_MIN_BLOCKS_PER_SM_SOFTWARE_FP8}\n\
+             #endif\n\
+             extern \"C\" __global__ void __launch_bounds__(append::NUM_THREADS, APPEND_MIN_BLOCKS)\n\
              {entry}(const __grid_constant__ AppendParams params) {{\n  append::run(params);\n}}"
         ),
         APPEND_SPILL_BUDGET_BYTES,
