@@ -8,11 +8,11 @@
 //   exactly what the host reference computes (the f16-QK kernels' tiles);
 // - decoded = T(decode(code)), exact (the f32-QK kernels' tiles, which apply the scale to the f32
 //   logits and output instead);
-// - encode(x / scale): div.rn.f32, then the nearest code, ties to even, magnitudes beyond the
-//   largest finite saturated, NaN to 0x7F, written out in integer steps as the host does (not the
-//   sm_89 cvt: one code path on every architecture).
+// - encode(q): the nearest code, ties to even, magnitudes beyond the largest finite saturated,
+//   NaN to 0x7F, written out in integer steps as the host does (f32_to_fp8; the append's
+//   quantize8 computes q = x / scale as div.rn.f32 would, with fma_rn and rcp_rn_normal).
 // Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
-// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal, div_rn.
+// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal.
 
 constexpr int KV_FP8_NONE = 0;
 constexpr int KV_FP8_E4M3 = 1;
@@ -50,13 +50,6 @@ __device__ __forceinline__ float rcp_rn_normal(float a) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(a));
   const float e = fma_rn(-a, r0, 1.0f);
   r = fma_rn(r0, e, r0);
-  return r;
-}
-
-// a / b, IEEE division rounded to nearest even, subnormals kept.
-__device__ __forceinline__ float div_rn(float a, float b) {
-  float r;
-  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
 

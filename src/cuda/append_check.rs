@@ -10,6 +10,7 @@ use super::append::DevicePagedKvMut;
 use super::buffers::DeviceTensor;
 use super::engine::Engine;
 use super::fp8::{DeviceFp8Tensor, DeviceKvScales};
+use super::paged::first_of;
 use crate::dtype::fp8::{Fp8Format, Fp8Tensor};
 use crate::dtype::DType;
 use crate::paged::{quantize_value, KvOrder, KvScales, KvStorage, PageTable, PagedKvLayout};
@@ -143,21 +144,25 @@ fn append_and_compare(
     ] {
         let codes = cache.download(stream).map_err(|e| fail(&e))?.codes;
         let values = new.to_f32_vec();
-        let mut differ = (0, None);
-        for (i, (&got, &x)) in codes.iter().zip(&values).enumerate() {
-            let head = i / HEAD_DIM % HEADS;
-            let want = quantize_value(format, x, scale[head]);
-            if got != want {
-                differ.0 += 1;
-                differ.1.get_or_insert((i, x, scale[head], got, want));
-            }
-        }
-        if let (n, Some((i, x, s, got, want))) = differ {
+        let differ = first_of(
+            codes
+                .iter()
+                .zip(&values)
+                .enumerate()
+                .map(|(i, (&got, &x))| {
+                    let want = quantize_value(format, x, scale[i / HEAD_DIM % HEADS]);
+                    (got == want, got, want)
+                }),
+            |c| format!("{c:#04x}"),
+        );
+        if let Some((i, got, want, n)) = differ {
             let (t, h, d) = (i / (HEADS * HEAD_DIM), i / HEAD_DIM % HEADS, i % HEAD_DIM);
             return Err(format!(
-                "{what}: {n} of {} {name} codes differ from the host's; the first, token {t} head {h} element {d}: {x:e} (bits {:#06x}) / {s:e} gave {got:#04x}, the host {want:#04x}",
+                "{what}: {n} of {} {name} codes differ from the host's; the first, token {t} head {h} element {d}: {:e} (bits {:#06x}) / {:e} gave {got}, the host {want}",
                 codes.len(),
+                values[i],
                 pattern(name == "K", t, h, d),
+                scale[h],
             ));
         }
         compared += codes.len();
