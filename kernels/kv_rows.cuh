@@ -96,6 +96,16 @@ __device__ __forceinline__ void for_thread_code_runs(F f) {
   }
 }
 
+// The byte offset of run `run` (of 8) within code row `row`'s 128 bytes at head dim 128: the run
+// XOR 2 * ((row / 4) % 4) XOR 4 * (row % 2), so that the runs a quarter-warp reads at once in
+// prefill_fp8_fragments.cuh (the same run of rows 4 apart, and runs 0-3 of two neighbouring rows)
+// sit at different banks. A permutation of each row's runs: the copy still fills whole lines.
+template <typename Index>
+__device__ __forceinline__ u32_t fp8_code_run_at(Index row, Index run) {
+  const u32_t r = static_cast<u32_t>(row);
+  return ((static_cast<u32_t>(run) ^ ((r >> 1) & 6u) ^ ((r & 1u) << 2)) & 7u) * 16u;
+}
+
 // Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above).
 template <int ROW_CHUNKS, int ATOM_ROWS>
 struct Fp8CodeSlots {
@@ -115,7 +125,11 @@ struct Fp8CodeSlots {
       // column group 0, then of group 1 (head dim 256: two rows, 16 slots a group).
       const Index idx = row * CODE_RUNS + run;
       const Index slot = idx % 32;
-      if constexpr (ATOM_ROWS == 0) {
+      if constexpr (ATOM_ROWS == 0 && CODE_RUNS == 8) {
+        // Four rows of 128 codes: row r at (r / 4) * 1024 + (r % 4) * 128, its runs swizzled
+        // (fp8_code_run_at) for the direct fragment reads of prefill_fp8_fragments.cuh.
+        return tile.base + static_cast<u32_t>((row / 4) * 1024 + (row % 4) * 128) + fp8_code_run_at(row, run);
+      } else if constexpr (ATOM_ROWS == 0) {
         return tile.base + static_cast<u32_t>((idx / 32) * 1024 + slot * 16);
       } else {
         const Index first_row = (idx / 32) * WARP_ROWS;
