@@ -6,13 +6,13 @@
 //   an f16);
 // - dequantised = T(decode(code) * scale): mul.rn.f32 (never flushed to zero), then cvt.rn to T,
 //   exactly what the host reference computes (the f16-QK kernels' tiles);
-// - decoded = T(decode(code)), exact (the f32-QK kernels' tiles, which apply the scale to the f32
-//   logits and output instead);
+// - decoded = T(decode(code)), exact (the f32-QK kernels' tiles and the key-split tiles' fragments
+//   read from the codes, which apply the scale to the f32 logits and output instead);
 // - encode(q): the nearest code, ties to even, magnitudes beyond the largest finite saturated,
 //   NaN to 0x7F, written out in integer steps as the host does (f32_to_fp8; the append's
 //   quantize8 computes q = x / scale as div.rn.f32 would, with fma_rn and rcp_rn_normal).
 // Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
-// dequantize_fp8x8, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal.
+// dequantize_fp8x8, decode_fp8x2, decode_fp8x4, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal.
 
 constexpr int KV_FP8_NONE = 0;
 constexpr int KV_FP8_E4M3 = 1;
@@ -102,32 +102,59 @@ __device__ __forceinline__ uint4 dequantize_fp8x8(uint2 c, float scale) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Eight codes (`c.x` holds codes 0..3, low byte first) as their exact values in T, packed as a
-// 16-byte tile chunk: every e4m3 and e5m2 value is exact in f16 and in bf16, so this is the
-// dequantisation with the scale left out (the kernels that apply it to the f32 logits and output,
-// FP8_SCALES_AFTER_PRODUCTS). f16 on sm_89 and later: the conversion instruction alone, one per
-// two codes.
+// The two codes in bits 0..15 of `codes` (the low byte first) as their exact values in T, packed
+// (the first in the low half): every e4m3 and e5m2 value is exact in f16 and in bf16, so this is
+// the dequantisation with the scale left out (the kernels that apply it to the f32 logits and
+// output, FP8_SCALES_AFTER_PRODUCTS). f16 on sm_89 and later: the conversion instruction alone.
+template <typename T, int FMT>
+__device__ __forceinline__ u32_t decode_fp8x2(u32_t codes) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (!DTypeTraits<T>::IS_BF16) {
+    const u16_t pair = static_cast<u16_t>(codes & 0xffffu);
+    u32_t out;
+    if constexpr (FMT == KV_FP8_E5M2) {
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(out) : "h"(pair));
+    } else {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
+    }
+    return out;
+  }
+#endif
+  float lo, hi;
+  fp8x2_to_float2<FMT>(codes, lo, hi);
+  return DTypeTraits<T>::pack2(lo, hi);
+}
+
+// The four codes of `word` (the low byte first) as decode_fp8x2 gives them: codes 0, 1 in `lo`,
+// codes 2, 3 in `hi`. f16 on sm_89 and later: the word's halves split by mov, so that the second
+// conversion reads the upper half in place (no shift).
+template <typename T, int FMT>
+__device__ __forceinline__ void decode_fp8x4(u32_t word, u32_t& lo, u32_t& hi) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (!DTypeTraits<T>::IS_BF16) {
+    if constexpr (FMT == KV_FP8_E5M2) {
+      asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e5m2x2 %0, l;\ncvt.rn.f16x2.e5m2x2 %1, h;\n}"
+          : "=r"(lo), "=r"(hi)
+          : "r"(word));
+    } else {
+      asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+          : "=r"(lo), "=r"(hi)
+          : "r"(word));
+    }
+    return;
+  }
+#endif
+  lo = decode_fp8x2<T, FMT>(word);
+  hi = decode_fp8x2<T, FMT>(word >> 16);
+}
+
+// Eight codes (`c.x` holds codes 0..3, low byte first) as their exact values in T (decode_fp8x2),
+// packed as a 16-byte tile chunk.
 template <typename T, int FMT>
 __device__ __forceinline__ uint4 decode_fp8x8(uint2 c) {
   u32_t out[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const u32_t word = (i < 2 ? c.x : c.y) >> (16 * (i % 2));
-#if __CUDA_ARCH__ >= 890
-    if constexpr (!DTypeTraits<T>::IS_BF16) {
-      const u16_t codes = static_cast<u16_t>(word & 0xffffu);
-      if constexpr (FMT == KV_FP8_E5M2) {
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(out[i]) : "h"(codes));
-      } else {
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out[i]) : "h"(codes));
-      }
-      continue;
-    }
-#endif
-    float lo, hi;
-    fp8x2_to_float2<FMT>(word, lo, hi);
-    out[i] = DTypeTraits<T>::pack2(lo, hi);
-  }
+  for (int i = 0; i < 4; ++i) out[i] = decode_fp8x2<T, FMT>((i < 2 ? c.x : c.y) >> (16 * (i % 2)));
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 

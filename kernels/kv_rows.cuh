@@ -96,6 +96,16 @@ __device__ __forceinline__ void for_thread_code_runs(F f) {
   }
 }
 
+// The byte offset of run `run` (of 8) within code row `row`'s 128 bytes at head dim 128: the run
+// XOR 2 * ((row / 4) % 4) XOR 4 * (row % 2), so that the runs a quarter-warp reads at once in
+// prefill_fp8_fragments.cuh (the same run of rows 4 apart, and runs 0-3 of two neighbouring rows)
+// sit at different banks. A permutation of each row's runs: the copy still fills whole lines.
+template <typename Index>
+__device__ __forceinline__ u32_t fp8_code_run_at(Index row, Index run) {
+  const u32_t r = static_cast<u32_t>(row);
+  return ((static_cast<u32_t>(run) ^ ((r >> 1) & 6u) ^ ((r & 1u) << 2)) & 7u) * 16u;
+}
+
 // Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above).
 template <int ROW_CHUNKS, int ATOM_ROWS>
 struct Fp8CodeSlots {
@@ -106,6 +116,10 @@ struct Fp8CodeSlots {
   // the column layout.
   static constexpr int WARP_ROWS = PACKED ? 32 / CODE_RUNS : 1;
   static constexpr int GROUP_SLOTS = WARP_ROWS * 8;
+  // Head dim 128: the distance between the slots of rows r and r + 16 (16 rows of the row
+  // layout's 256-byte rows, or of a column's 128-byte rows; the swizzle of fp8_code_run_at
+  // depends on the row's low four bits only).
+  static constexpr u32_t ROWS16_BYTES = ATOM_ROWS == 0 ? 16 * 256 : 16 * 128;
   // (Index: int, or u32_t, as SmemTile::chunk_addr takes it.)
   template <typename Index>
   __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, Index row, Index run) {
@@ -115,7 +129,11 @@ struct Fp8CodeSlots {
       // column group 0, then of group 1 (head dim 256: two rows, 16 slots a group).
       const Index idx = row * CODE_RUNS + run;
       const Index slot = idx % 32;
-      if constexpr (ATOM_ROWS == 0) {
+      if constexpr (ATOM_ROWS == 0 && CODE_RUNS == 8) {
+        // Four rows of 128 codes: row r at (r / 4) * 1024 + (r % 4) * 128, its runs swizzled
+        // (fp8_code_run_at) for the direct fragment reads of prefill_fp8_fragments.cuh.
+        return tile.base + static_cast<u32_t>((row / 4) * 1024 + (row % 4) * 128) + fp8_code_run_at(row, run);
+      } else if constexpr (ATOM_ROWS == 0) {
         return tile.base + static_cast<u32_t>((idx / 32) * 1024 + slot * 16);
       } else {
         const Index first_row = (idx / 32) * WARP_ROWS;
@@ -388,21 +406,33 @@ struct PagedKvThread {
 // One thread's copies (RowSplit) of the K and V rows [j0, j0 + ROWS) of one key tile: for its
 // i-th row (the tile's row `row`), `chunks(i, row, k, v)` sets the thread's first chunk in K and
 // in V. Rows at or past valid_rows (none when WHOLE) are zero-filled: their pointers are formed
-// but cp.async reads none of them.
-template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, int ATOM_ROWS, typename RowChunks>
+// but cp.async reads none of them. CODES: the rows are fp8 codes of head dim 128, whose 8 runs
+// a row are RowSplit's 8 chunks: the thread's one run of the row goes where Fp8CodeSlots puts it.
+template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, int ATOM_ROWS, bool CODES = false,
+          typename RowChunks>
 __device__ __forceinline__ void copy_kv_rows(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                              const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile, int valid_rows,
                                              RowChunks chunks) {
   using Split = RowSplit<NUM_THREADS>;
   const Split split;
+  static_assert(!CODES || (K_CHUNKS == 16 && V_CHUNKS == 16 && Split::ROWS_PER_PASS % 16 == 0),
+                "codes: 8 runs a row, passes of whole 16-row blocks");
+  // Codes: the thread's rows are 16k rows apart, so their slots are k ROWS16_BYTES apart.
+  const u32_t k_codes0 = CODES ? Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>::at(k_tile, split.row0, split.chunk0) : 0u;
+  const u32_t v_codes0 = CODES ? Fp8CodeSlots<V_CHUNKS, ATOM_ROWS>::at(v_tile, split.row0, split.chunk0) : 0u;
 #pragma unroll
   for (int i = 0; i < ROWS / Split::ROWS_PER_PASS; ++i) {
     const int row = split.row(i);
     const char *k, *v;
     chunks(i, row, k, v);
     const bool valid = WHOLE || row < valid_rows;
-    copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(k_tile, i), k, valid);
-    copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(v_tile, i), v, valid);
+    if constexpr (CODES) {
+      cp_async_16(k_codes0 + i * (Split::ROWS_PER_PASS / 16) * Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>::ROWS16_BYTES, k, valid);
+      cp_async_16(v_codes0 + i * (Split::ROWS_PER_PASS / 16) * Fp8CodeSlots<V_CHUNKS, ATOM_ROWS>::ROWS16_BYTES, v, valid);
+    } else {
+      copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(k_tile, i), k, valid);
+      copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(v_tile, i), v, valid);
+    }
   }
 }
 
@@ -441,11 +471,12 @@ __device__ __forceinline__ void load_ragged_kv_pass(const SmemTile<K_CHUNKS, ATO
       });
 }
 
-// Paged: copy_kv_rows with byte strides `k_bytes` and `v_bytes`. K and V rows of a tile are the
+// Paged: copy_kv_rows with byte strides `k_bytes` and `v_bytes` (CODES: of fp8 codes). K and V rows of a tile are the
 // same tokens, so each row's page id (read from the stage at `ids`), slot and validity serve
 // both; each tensor then forms one pointer per row from the thread's base pointer. A row past
 // the end has page id 0 in the stage (stage_page_ids_async), so its pointer is well formed.
-template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes, int ATOM_ROWS>
+template <int ROWS, bool WHOLE, bool CODES, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes,
+          int ATOM_ROWS>
 __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                    const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                    const PagedKvThread<T, NUM_THREADS>& src, PageStrides<Bytes> k_bytes,
@@ -459,7 +490,7 @@ __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM
   for (int i = 0; i < PASSES; ++i) page[i] = static_cast<u32_t>(ld_shared_s32(ids + 4 * split.row(i)));
   const char *k_base, *v_base;
   src.stash.bases(k_base, v_base);
-  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS>(
+  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS, ATOM_ROWS, CODES>(
       k_tile, v_tile, valid_rows, [&](int i, int row, const char*& k, const char*& v) {
         const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
         k = paged_chunk(k_base, page[i], slot, k_bytes);
@@ -481,14 +512,21 @@ __device__ __forceinline__ void load_paged_rows_any_async(const SmemTile<ROW_CHU
 
 // The K and V rows of a request (KvRows each) and, paged, one thread's view of both for the main
 // loop's copies (PagedKvThread; its stash at `stash_base` takes NUM_THREADS * 16 bytes of shared
-// memory), formed once per CTA. fp8 (this primary template): the rows alone, from which
-// copy_fp8_kv_codes_async forms every address.
+// memory), formed once per CTA. fp8 (this primary template): the rows, and the thread's view of
+// their codes' bytes (head dim 128 copies by it; copy_fp8_kv_codes_async forms every address
+// of the others).
 template <typename T, bool PAGED, int NUM_THREADS, int FP8 = KV_FP8_NONE>
 struct KvSource {
+  static_assert(PAGED, "fp8 K/V live in a paged cache");
   KvRows<T, PAGED, FP8> k, v;
+  PagedKvThread<unsigned char, NUM_THREADS> paged;
 
-  __device__ __forceinline__ KvSource(const KvRows<T, PAGED, FP8>& k_rows, const KvRows<T, PAGED, FP8>& v_rows, u32_t)
-      : k(k_rows), v(v_rows) {}
+  __device__ __forceinline__ static KvRows<unsigned char, true> codes(const KvRows<T, PAGED, FP8>& r) {
+    return {r.base, r.token_stride, r.pages, r.page_stride, r.page_shift, r.page_mask, r.scale};
+  }
+  __device__ __forceinline__ KvSource(const KvRows<T, PAGED, FP8>& k_rows, const KvRows<T, PAGED, FP8>& v_rows,
+                                      u32_t stash_base)
+      : k(k_rows), v(v_rows), paged(codes(k_rows), codes(v_rows), stash_base) {}
 };
 
 template <typename T, int NUM_THREADS>
@@ -517,21 +555,23 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
                                                            const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                            const KvSource<T, PAGED, NUM_THREADS, FP8>& src, u32_t ids,
                                                            int j0, int valid_rows) {
-  if constexpr (FP8 != KV_FP8_NONE) {
+  // fp8 codes at head dim 128 take the pages' path below (8 runs a row, RowSplit's chunks).
+  constexpr bool CODES = FP8 != KV_FP8_NONE && K_CHUNKS == 16 && V_CHUNKS == 16;
+  if constexpr (FP8 != KV_FP8_NONE && !(CODES && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0)) {
     copy_fp8_kv_codes_async<ROWS, K_CHUNKS, V_CHUNKS, NUM_THREADS>(k_tile, v_tile, src.k, src.v, ids, j0, valid_rows);
   } else if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
     // Uniform branches: a whole tile (every tile but a request's last) compares no row; on the
     // same-stride path V is given K's strides.
-    using Thread = PagedKvThread<T, NUM_THREADS>;
+    using Thread = typename Select<CODES, PagedKvThread<unsigned char, NUM_THREADS>, PagedKvThread<T, NUM_THREADS>>::type;
     const Thread& p = src.paged;
     const PageStrides<u32_t> k32 = Thread::narrowed(p.k_bytes), v32 = Thread::narrowed(p.v_bytes);
     const bool whole = valid_rows >= ROWS;
     if (whole && p.path == Thread::NARROW_SAME) {
-      load_paged_kv_pass<ROWS, true>(k_tile, v_tile, p, k32, k32, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, true, CODES>(k_tile, v_tile, p, k32, k32, ids, j0, valid_rows);
     } else if (p.path != Thread::WIDE) {
-      load_paged_kv_pass<ROWS, false>(k_tile, v_tile, p, k32, v32, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, false, CODES>(k_tile, v_tile, p, k32, v32, ids, j0, valid_rows);
     } else {
-      load_paged_kv_pass<ROWS, false>(k_tile, v_tile, p, p.k_bytes, p.v_bytes, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, false, CODES>(k_tile, v_tile, p, p.k_bytes, p.v_bytes, ids, j0, valid_rows);
     }
   } else if constexpr (PAGED) {
     load_paged_rows_any_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, ids, j0, valid_rows);

@@ -6,7 +6,7 @@
 //   B (16x8, k x n), 2 registers: b0 (k = 2t, n = g), b1 (k = 2t+8, n = g);
 //   C/D f32, 4 registers: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1);
 //   C/D f16, 2 registers: c0 (g, 2t..2t+1), c1 (g+8, 2t..2t+1).
-// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, st_shared_16, ldmatrix_x4(_trans),
+// Requires: common.cuh. Provides: mma_f32acc<T>, mma_f16acc, ld_shared_16, ld_shared_8, st_shared_16, ldmatrix_x4(_trans),
 // cp.async, and for sm_90a the wgmma products (f32 or f16 accumulators), descriptors, fences and
 // warpgroup_all.
 
@@ -50,6 +50,13 @@ __device__ __forceinline__ u32_t smem_addr(const void* p) {
 __device__ __forceinline__ uint4 ld_shared_16(u32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// 8 bytes from shared memory.
+__device__ __forceinline__ uint2 ld_shared_8(u32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
 

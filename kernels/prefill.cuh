@@ -154,10 +154,21 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       const int q_row0 = warp * Q_ROWS_PER_WARP;
       const i64_t lane_row =
           lane < Q_ROWS_PER_WARP ? tile.row_offset(q_row0 + lane, qo_start, p.q_stride_token, p.q_stride_head) : 0;
-      for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
-        const i64_t row = shfl_i64(lane_row, r);
-        cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)), tile.valid(q_row0 + r));
-      });
+      if constexpr (policy::FP8_FRAGMENTS) {
+        // Two elements at a time, each pair where the fp8 fragments' S = Q K^T reads it
+        // (fp8_fragments_q_dim).
+        for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS * 4>(lane, [&](int r, int w) {
+          const i64_t row = shfl_i64(lane_row, r);
+          cp_async_4(q_tile.chunk_addr(q_row0 + r, w / 4) + 4 * (w % 4), q_ptr + row + fp8_fragments_q_dim(w),
+                     tile.valid(q_row0 + r));
+        });
+      } else {
+        for_lane_chunks<Q_ROWS_PER_WARP, QK_CHUNKS>(lane, [&](int r, int chunk) {
+          const i64_t row = shfl_i64(lane_row, r);
+          cp_async_16(q_tile.chunk_addr(q_row0 + r, chunk), q_ptr + row + chunk * (16 / sizeof(DTypeIn)),
+                      tile.valid(q_row0 + r));
+        });
+      }
     }
     kv.load_first_tile();
     if constexpr (spec::QK_F16_ACCUM) {

@@ -2,7 +2,8 @@
 // normalisation, then the output rows and their LSE, or, when the plan splits the KV range, this
 // chunk's partial result for the merge kernel (merge_state.cuh).
 // Requires: online_softmax.cuh, variant.cuh, kv_rows.cuh (kv_scale), prefill_tile.cuh, prefill_products.cuh
-// (scale_products).
+// (scale_products). With policy::FP8_FRAGMENTS O's columns arrive permuted (prefill_fp8_fragments.cuh)
+// and are written back in order.
 
 namespace prefill {
 
@@ -17,14 +18,32 @@ __device__ __forceinline__ void store_output(const PrefillParams& p, const Query
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Row lane / 4 of an 8-row group: its swizzle is the same for every chunk, so each store's
-      // offset is this thread's offset XOR a constant plus a constant (FragOffsets).
-      const FragOffsets<VO_CHUNKS, ATOM_ROWS> at(lane / 4, 0);
+      if constexpr (policy::FP8_FRAGMENTS) {
+        // Permuted columns (prefill_fp8_fragments.cuh): n8 tiles 8 M .. 8 M + 7 hold dims 64 M +
+        // 16 (lane % 4) + 8 e + 0..7 in their element e of this row, one 16-byte chunk per M and e.
+        const int row = warp_rows.at(mq * 16 + 8 * h + lane / 4);
 #pragma unroll
-      for (int dt = 0; dt < VO_NT; ++dt) {
-        u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
-        u32_t addr = at.at(stage.base, warp_rows.at(mq * 16 + 8 * h), dt) + 4 * (lane % 4);
-        *reinterpret_cast<u32_t*>(q_bytes + (addr - stage.base)) = packed;
+        for (int M = 0; M < VO_NT / 8; ++M)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            u32_t packed[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              packed[i] =
+                  DTypeTraits<DTypeOut>::pack2(o[mq][8 * M + 2 * i][2 * h + e], o[mq][8 * M + 2 * i + 1][2 * h + e]);
+            st_shared_16(stage.chunk_addr(row, 8 * M + 2 * (lane % 4) + e),
+                         make_uint4(packed[0], packed[1], packed[2], packed[3]));
+          }
+      } else {
+        // Row lane / 4 of an 8-row group: its swizzle is the same for every chunk, so each store's
+        // offset is this thread's offset XOR a constant plus a constant (FragOffsets).
+        const FragOffsets<VO_CHUNKS, ATOM_ROWS> at(lane / 4, 0);
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          u32_t packed = DTypeTraits<DTypeOut>::pack2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
+          u32_t addr = at.at(stage.base, warp_rows.at(mq * 16 + 8 * h), dt) + 4 * (lane % 4);
+          *reinterpret_cast<u32_t*>(q_bytes + (addr - stage.base)) = packed;
+        }
       }
       if (p.lse != nullptr && lane % 4 == 0 && rows.valid[mq][h]) {
         p.lse[static_cast<i64_t>(qo_start + rows.token[mq][h]) * p.num_qo_heads + rows.head[mq][h]] = lse[mq][h];
@@ -55,10 +74,26 @@ __device__ __forceinline__ void store_partial(const PrefillParams& p, const RowC
       if (!rows.valid[mq][h]) continue;
       const i64_t slot =
           (static_cast<i64_t>(qo_start + rows.token[mq][h]) * p.num_qo_heads + rows.head[mq][h]) * p.max_chunks + chunk;
-      float* dst = p.partial_o + slot * spec::HEAD_DIM_VO + 2 * (lane % 4);
+      float* row = p.partial_o + slot * spec::HEAD_DIM_VO;
+      if constexpr (policy::FP8_FRAGMENTS) {
+        // Permuted columns, as in store_output: dims 64 M + 16 (lane % 4) + 8 e + 0..7.
 #pragma unroll
-      for (int dt = 0; dt < VO_NT; ++dt) {
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
+        for (int M = 0; M < VO_NT / 8; ++M)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float* dst = row + 64 * M + 16 * (lane % 4) + 8 * e;
+            const float (&x)[VO_NT][4] = o[mq];
+            *reinterpret_cast<float4*>(dst) = make_float4(x[8 * M][2 * h + e], x[8 * M + 1][2 * h + e],
+                                                          x[8 * M + 2][2 * h + e], x[8 * M + 3][2 * h + e]);
+            *reinterpret_cast<float4*>(dst + 4) = make_float4(x[8 * M + 4][2 * h + e], x[8 * M + 5][2 * h + e],
+                                                              x[8 * M + 6][2 * h + e], x[8 * M + 7][2 * h + e]);
+          }
+      } else {
+        float* dst = row + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < VO_NT; ++dt) {
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mq][dt][2 * h], o[mq][dt][2 * h + 1]);
+        }
       }
       if (lane % 4 == 0) p.partial_lse[slot] = lse[mq][h];
     }

@@ -231,11 +231,12 @@ struct KvLoadsOf {
   }
 
   // fp8: tile t's codes (copied by this thread with tile t's group, which is awaited here)
-  // dequantised in place in buffer t % 2; nothing past the last tile, and nothing without fp8.
+  // dequantised in place in buffer t % 2; nothing past the last tile, and nothing without fp8 or
+  // with policy::FP8_FRAGMENTS (the products read the codes: prefill_fp8_fragments.cuh).
   // The main loop calls it for tile t + 1 after tile t's products, so the copies had the whole
   // tile to land; the next tile's barrier publishes the result.
   __device__ __forceinline__ void expand_fp8(int t) const {
-    if constexpr (spec::KV_FP8 != KV_FP8_NONE) {
+    if constexpr (spec::KV_FP8 != KV_FP8_NONE && !policy::FP8_FRAGMENTS) {
       if (t < num_tiles) {
         cp_async_wait<0>();
         constexpr bool UNROLLED = policy::FP8_EXPAND_UNROLLED;

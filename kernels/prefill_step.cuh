@@ -3,7 +3,7 @@
 // the pieces it shares once S is in registers as floats: the logits transform and the masks
 // (applied to S as f32, whatever the accumulation type), the online softmax update, and O += P V.
 // Requires: mask.cuh, variant.cuh, online_softmax.cuh, prefill_tile.cuh, prefill_products.cuh,
-// prefill_kv_pipeline.cuh.
+// prefill_fp8_fragments.cuh, prefill_kv_pipeline.cuh.
 
 namespace prefill {
 
@@ -39,7 +39,7 @@ __device__ __forceinline__ void logits_as(const PrefillParams& p, const RowCoord
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int h = e / 2;
-        int kv_idx = k0 + nt * 8 + 2 * (lane % 4) + (e % 2);
+        int kv_idx = s_column_key(k0, nt, lane, e);
         int qo_idx = rows.token[mq][h];
         int qo_head = rows.head[mq][h];
         float t = variant_logit<policy::TRANSFORM_FROM_ACC, SMALL>(p.variant, s[mq][nt][e], p.post_scale, qo_idx, kv_idx,
@@ -146,7 +146,11 @@ __device__ __forceinline__ void float_logits_step(const PrefillParams& p, const 
                                                   AwaitV await_v) {
   float_logits_update(p, rows, m, tile, tok_lo, tok_hi, k0, lane, softmax_scale, softmax, s, o);
   await_v();
-  pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
+  if constexpr (policy::FP8_FRAGMENTS) {
+    pv_fp8_fragments<NT>(v_base, lane, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
+  } else {
+    pv<NT>(f, v_base, F32Logits<MMA_Q, NT, DTypeIn>{s}, softmax, o);
+  }
 }
 
 // The keys of the float logits a step holds at once: the whole sub-tile, or one piece of it.
@@ -263,6 +267,8 @@ __device__ __forceinline__ void step_subtile(const StepContext<Rows>& c, int k0,
       const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * VTile::ROW_BYTES;
       if constexpr (WGMMA) {
         qk_wgmma(c.q_group_base, k_piece, s);
+      } else if constexpr (policy::FP8_FRAGMENTS) {
+        qk_f32_fp8_fragments(c.frag, k_piece, c.lane, s);
       } else {
         qk_f32(c.frag, k_piece, s);
       }

@@ -94,6 +94,17 @@ static_assert(!WARPS_SPLIT_KEYS ||
 using KvRowsIn = KvRows<DTypeIn, spec::KV_PAGED, spec::KV_FP8>;
 using Softmax = OnlineSoftmax<MMA_Q, policy::SUM_BY_MMA, policy::SOFTMAX_EXP_AFTER_RESCALE>;
 
+// The key of element e (0..3) of n8 tile nt of a sub-tile's S, keys k0.., for this lane: column
+// 2 (lane % 4) + e % 2 of the tile, which is key nt * 8 + column, or with policy::FP8_FRAGMENTS
+// key 16 (nt / 2) + 4 (column / 2) + 2 (nt % 2) + column % 2 (prefill_fp8_fragments.cuh).
+__device__ __forceinline__ int s_column_key(int k0, int nt, int lane, int e) {
+  if constexpr (policy::FP8_FRAGMENTS) {
+    return k0 + 16 * (nt / 2) + 4 * (lane % 4) + 2 * (nt % 2) + e % 2;
+  } else {
+    return k0 + nt * 8 + 2 * (lane % 4) + e % 2;
+  }
+}
+
 // Each warp copies (and, for f16 QK, prescales) one block of this many Q rows; each lane works
 // out one row's address and the warp shares it, rather than every chunk dividing by the group.
 constexpr int Q_ROWS_PER_WARP = CTA_Q / NUM_WARPS;

@@ -550,7 +550,8 @@ fn fp8_kernels_are_the_paged_kernels_per_format() {
             "{}",
             s.name()
         );
-        // The same choices as the twin's, but the fp8 expansion's own.
+        // The same choices as the twin's, but the fp8 expansion's own and, on the key-split
+        // tiles with f32 QK at head dim 128, the fragments read from the codes.
         let policy = s.policy();
         assert_eq!(
             policy.fp8_expand_unrolled,
@@ -559,8 +560,19 @@ fn fp8_kernels_are_the_paged_kernels_per_format() {
             s.name()
         );
         assert_eq!(
+            policy.fp8_fragments,
+            s.tile.split_keys
+                && !s.tile.wgmma
+                && s.qk_accum == QkAccum::F32
+                && s.head_dims.qk() == 128
+                && s.head_dims.vo() == 128,
+            "{}",
+            s.name()
+        );
+        assert_eq!(
             PrefillPolicy {
                 fp8_expand_unrolled: false,
+                fp8_fragments: false,
                 ..policy
             },
             twin.policy(),

@@ -141,6 +141,10 @@ policies! {
     /// head-dim-128 accumulator-bound kernels spill less (`attnforge compile --filter
     /// paged_e4m3` prints registers and spills).
     fp8_expand_unrolled: bool => "FP8_EXPAND_UNROLLED",
+    /// An fp8 cache's K and V fragments are read straight from the codes and decoded in
+    /// registers, with no expansion into f16/bf16 rows (kernels/prefill_fp8_fragments.cuh): the
+    /// key-split (decode) tiles with f32 QK at head dim 128, whose products read each code once.
+    fp8_fragments: bool => "FP8_FRAGMENTS",
     /// The warpgroup index is made warp-uniform for ptxas (f16 QK: its Q descriptors stay in
     /// uniform registers); with f32 QK the same serialized the wgmma products.
     uniform_warpgroup: bool => "UNIFORM_WARPGROUP",
@@ -232,6 +236,12 @@ impl PrefillPolicy {
                 && mask == MaskKind::Causal,
             custom_mask_words: mask == MaskKind::Custom && t.wgmma,
             fp8_expand_unrolled: spec.kv_fp8.is_some() && t.split_keys,
+            fp8_fragments: spec.kv_fp8.is_some()
+                && t.split_keys
+                && !t.wgmma
+                && !qk16
+                && spec.head_dims.qk() == 128
+                && vo == 128,
             uniform_warpgroup: qk16,
         }
     }

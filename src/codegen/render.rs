@@ -28,7 +28,7 @@ const ONLINE_SOFTMAX: (&str, &str) = (
 );
 pub(super) const VARIANT: (&str, &str) = ("variant.cuh", include_str!("../../kernels/variant.cuh"));
 /// The prefill kernel by role, in dependency order, its skeleton last.
-const PREFILL: [(&str, &str); 6] = [
+const PREFILL: [(&str, &str); 7] = [
     (
         "prefill_tile.cuh",
         include_str!("../../kernels/prefill_tile.cuh"),
@@ -36,6 +36,10 @@ const PREFILL: [(&str, &str); 6] = [
     (
         "prefill_products.cuh",
         include_str!("../../kernels/prefill_products.cuh"),
+    ),
+    (
+        "prefill_fp8_fragments.cuh",
+        include_str!("../../kernels/prefill_fp8_fragments.cuh"),
     ),
     (
         "prefill_kv_pipeline.cuh",
