@@ -497,9 +497,9 @@ impl TileConfig {
     /// Why not zero: ptxas leaves some 255-register kernels (and 128-register ones, at two CTAs
     /// per SM) a few registers short, and the fixes that remove those spills cost speed. The
     /// spilling kernels of the matrix are sm_80 `w4q2kv64` ones (the f16-QK window ones 24/32 B,
-    /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 causal 8-64
-    /// B), the sm_90a fp8 head-dim-128 two-warpgroup ones (4-12 B: the code copies' addresses
-    /// beside the accumulators) and warp-specialised ones (at head dim 128 the custom mask's, up
+    /// f32-QK paged no-variant and sinks ones 4-16 B, bf16 causal ragged 4 B, fp8 12-48 B:
+    /// f16 unmasked, bf16 unmasked and causal), the sm_90a fp8 head-dim-128 two-warpgroup
+    /// soft-cap ones (4/8 B) and key-split custom-mask ALiBi one (8 B), and warp-specialised ones (at head dim 128 the custom mask's, up
     /// to 68 B with `ws2q1kv128`, soft-cap 12-20 B; over a paged cache every head-dim-64
     /// `ws2q1kv128` one, 40-56 B, and most (192, 128) ones, 8-60 B; the three-consumer
     /// `ws2q1kv128c3` ones 8-92 B, outside the main loop); no kernel serializes its
