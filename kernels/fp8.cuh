@@ -12,7 +12,8 @@
 //   NaN to 0x7F, written out in integer steps as the host does (f32_to_fp8; the append's
 //   quantize8 computes q = x / scale as div.rn.f32 would, with fma_rn and rcp_rn_normal).
 // Requires: common.cuh. Provides: KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2, Select, fp8x2_to_float2,
-// dequantize_fp8x8, decode_fp8x2, decode_fp8x4, decode_fp8x8, f32_to_fp8, mul_rn, fma_rn, rcp_rn_normal.
+// cvt_fp8x2_f16x2 (sm_89 and later), dequantize_fp8x8, decode_fp8x2, decode_fp8x4, decode_fp8x8, f32_to_fp8,
+// mul_rn, fma_rn, rcp_rn_normal.
 
 constexpr int KV_FP8_NONE = 0;
 constexpr int KV_FP8_E4M3 = 1;
@@ -69,10 +70,11 @@ __device__ __forceinline__ float fp8_to_float(u32_t c) {
   }
 }
 
-// The exact values of the two codes in bits 0..15 of `c` (the low byte first).
-template <int FMT>
-__device__ __forceinline__ void fp8x2_to_float2(u32_t c, float& lo, float& hi) {
 #if __CUDA_ARCH__ >= 890
+// The two codes in bits 0..15 of `c` (the low byte first) as an exact f16 pair: the conversion
+// instruction (sm_89 and later).
+template <int FMT>
+__device__ __forceinline__ u32_t cvt_fp8x2_f16x2(u32_t c) {
   const u16_t codes = static_cast<u16_t>(c & 0xffffu);
   u32_t h2;
   if constexpr (FMT == KV_FP8_E5M2) {
@@ -80,7 +82,15 @@ __device__ __forceinline__ void fp8x2_to_float2(u32_t c, float& lo, float& hi) {
   } else {
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
   }
-  f16x2_to_float2(h2, lo, hi);
+  return h2;
+}
+#endif
+
+// The exact values of the two codes in bits 0..15 of `c` (the low byte first).
+template <int FMT>
+__device__ __forceinline__ void fp8x2_to_float2(u32_t c, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+  f16x2_to_float2(cvt_fp8x2_f16x2<FMT>(c), lo, hi);
 #else
   lo = fp8_to_float<FMT>(c);
   hi = fp8_to_float<FMT>(c >> 8);
@@ -109,16 +119,7 @@ __device__ __forceinline__ uint4 dequantize_fp8x8(uint2 c, float scale) {
 template <typename T, int FMT>
 __device__ __forceinline__ u32_t decode_fp8x2(u32_t codes) {
 #if __CUDA_ARCH__ >= 890
-  if constexpr (!DTypeTraits<T>::IS_BF16) {
-    const u16_t pair = static_cast<u16_t>(codes & 0xffffu);
-    u32_t out;
-    if constexpr (FMT == KV_FP8_E5M2) {
-      asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(out) : "h"(pair));
-    } else {
-      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
-    }
-    return out;
-  }
+  if constexpr (!DTypeTraits<T>::IS_BF16) return cvt_fp8x2_f16x2<FMT>(codes);
 #endif
   float lo, hi;
   fp8x2_to_float2<FMT>(codes, lo, hi);

@@ -26,7 +26,7 @@
 //   writes O's columns back in order (store_output, store_partial).
 // Every read is free of bank conflicts: see fp8_code_run_at.
 // Requires: fp8.cuh, kv_rows.cuh (fp8_code_run_at), prefill_tile.cuh, prefill_products.cuh
-// (p_block_fragments).
+// (p_block_fragments, zero_products).
 
 namespace prefill {
 
@@ -55,12 +55,7 @@ __device__ __forceinline__ void qk_f32_fp8_fragments(const FragAddrs& f, u32_t k
                                                      float (&s)[MMA_Q][NT][4]) {
   static_assert(NT % 2 == 0, "whole 16-key blocks");
   const int g = lane / 4, c = lane % 4;
-#pragma unroll
-  for (int mq = 0; mq < MMA_Q; ++mq)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
+  zero_products(s);
   // Four k16 steps (64 head dims) at a time: one 16-byte run of codes per K row.
 #pragma unroll
   for (int J = 0; J < spec::HEAD_DIM_QK / 64; ++J)

@@ -31,15 +31,21 @@ __device__ __forceinline__ void qk_tiles(const FragAddrs& f, u32_t k_base, Acc (
   }
 }
 
-// S = Q K^T with f32 accumulators over NT * 8 keys.
+// acc = 0 for every accumulator of a product.
 template <int NT>
-__device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
+__device__ __forceinline__ void zero_products(float (&acc)[MMA_Q][NT][4]) {
 #pragma unroll
   for (int mq = 0; mq < MMA_Q; ++mq)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc[mq][nt][e] = 0.0f;
+}
+
+// S = Q K^T with f32 accumulators over NT * 8 keys.
+template <int NT>
+__device__ __forceinline__ void qk_f32(const FragAddrs& f, u32_t k_base, float (&s)[MMA_Q][NT][4]) {
+  zero_products(s);
   qk_tiles(f, k_base, s, [](float (&c)[4], const u32_t (&a)[4], u32_t b0, u32_t b1) { mma_f32acc<DTypeIn>(c, a, b0, b1); });
 }
 
