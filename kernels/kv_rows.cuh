@@ -106,8 +106,10 @@ __device__ __forceinline__ u32_t fp8_code_run_at(Index row, Index run) {
   return ((static_cast<u32_t>(run) ^ ((r >> 1) & 6u) ^ ((r & 1u) << 2)) & 7u) * 16u;
 }
 
-// Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above).
-template <int ROW_CHUNKS, int ATOM_ROWS>
+// Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above). DENSE:
+// the buffer holds the codes alone, never expanded (policy::FP8_FRAGMENTS at head dim 128, whose
+// products read them in place): code row r at r * 128, its runs swizzled by fp8_code_run_at.
+template <int ROW_CHUNKS, int ATOM_ROWS, bool DENSE = false>
 struct Fp8CodeSlots {
   static constexpr int CODE_RUNS = ROW_CHUNKS / 2;
   // Runs of one warp's copy packed in order: whole rows per 32 runs.
@@ -116,14 +118,17 @@ struct Fp8CodeSlots {
   // the column layout.
   static constexpr int WARP_ROWS = PACKED ? 32 / CODE_RUNS : 1;
   static constexpr int GROUP_SLOTS = WARP_ROWS * 8;
+  static_assert(!DENSE || (ATOM_ROWS == 0 && CODE_RUNS == 8), "dense codes: rows of 128 codes in the row layout");
   // Head dim 128: the distance between the slots of rows r and r + 16 (16 rows of the row
-  // layout's 256-byte rows, or of a column's 128-byte rows; the swizzle of fp8_code_run_at
-  // depends on the row's low four bits only).
-  static constexpr u32_t ROWS16_BYTES = ATOM_ROWS == 0 ? 16 * 256 : 16 * 128;
+  // layout's 256-byte rows, of a column's 128-byte rows, or of dense 128-byte code rows; the
+  // swizzle of fp8_code_run_at depends on the row's low four bits only).
+  static constexpr u32_t ROWS16_BYTES = ATOM_ROWS == 0 && !DENSE ? 16 * 256 : 16 * 128;
   // (Index: int, or u32_t, as SmemTile::chunk_addr takes it.)
   template <typename Index>
   __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, Index row, Index run) {
-    if constexpr (PACKED) {
+    if constexpr (DENSE) {
+      return tile.base + static_cast<u32_t>(row * 128) + fp8_code_run_at(row, run);
+    } else if constexpr (PACKED) {
       // Slot s of the warp's 32 is the s-th 16 bytes, in address order, of what its rows expand
       // into: row-major, 1024 contiguous bytes; in the column layout, the rows' 128-byte lines of
       // column group 0, then of group 1 (head dim 256: two rows, 16 slots a group).
@@ -147,15 +152,17 @@ struct Fp8CodeSlots {
 };
 
 // fp8: the codes of one tensor's rows [j0, j0 + ROWS) to `tile` (part of the caller's cp.async
-// group), each 16-byte run where expand_fp8_codes finds it (Fp8CodeSlots); `page_of(row)` is
-// the page id of the tile's row `row` (any id when the row is past the valid rows).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS, typename PageOf>
+// group), each 16-byte run where expand_fp8_codes finds it (Fp8CodeSlots; DENSE as there);
+// `page_of(row)` is the page id of the tile's row `row` (any id when the row is past the valid
+// rows).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, bool DENSE = false, typename T, int FP8, int ATOM_ROWS,
+          typename PageOf>
 __device__ __forceinline__ void copy_fp8_codes_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
                                                      const KvRows<T, true, FP8>& src, int j0, int valid_rows,
                                                      PageOf page_of) {
   static_assert(ROW_CHUNKS % 2 == 0, "fp8 rows of whole 16-code runs");
   for_thread_code_runs<ROWS, ROW_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
-    cp_async_16(Fp8CodeSlots<ROW_CHUNKS, ATOM_ROWS>::at(tile, row, run), src.in_page(page_of(row), j0 + row) + 16 * run,
+    cp_async_16(Fp8CodeSlots<ROW_CHUNKS, ATOM_ROWS, DENSE>::at(tile, row, run), src.in_page(page_of(row), j0 + row) + 16 * run,
                 row < valid_rows);
   });
 }
@@ -164,7 +171,8 @@ __device__ __forceinline__ void copy_fp8_codes_async(const SmemTile<ROW_CHUNKS, 
 // commit), their page ids read from the stage at `ids` (stage_page_ids_async, as for other
 // pages). With equal head dims a thread's K and V runs are the same rows and columns: one page id
 // serves both.
-template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, int FP8, int ATOM_ROWS>
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, bool DENSE = false, typename T, int FP8,
+          int ATOM_ROWS>
 __device__ __forceinline__ void copy_fp8_kv_codes_async(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                         const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                         const KvRows<T, true, FP8>& k, const KvRows<T, true, FP8>& v,
@@ -174,13 +182,13 @@ __device__ __forceinline__ void copy_fp8_kv_codes_async(const SmemTile<K_CHUNKS,
     for_thread_code_runs<ROWS, K_CHUNKS / 2, NUM_THREADS, true>([&](int row, int run) {
       const bool valid = row < valid_rows;
       const int page = staged(row);
-      using Slots = Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>;
+      using Slots = Fp8CodeSlots<K_CHUNKS, ATOM_ROWS, DENSE>;
       cp_async_16(Slots::at(k_tile, row, run), k.in_page(page, j0 + row) + 16 * run, valid);
       cp_async_16(Slots::at(v_tile, row, run), v.in_page(page, j0 + row) + 16 * run, valid);
     });
   } else {
-    copy_fp8_codes_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, k, j0, valid_rows, staged);
-    copy_fp8_codes_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, v, j0, valid_rows, staged);
+    copy_fp8_codes_async<ROWS, K_CHUNKS, NUM_THREADS, DENSE>(k_tile, k, j0, valid_rows, staged);
+    copy_fp8_codes_async<ROWS, V_CHUNKS, NUM_THREADS, DENSE>(v_tile, v, j0, valid_rows, staged);
   }
 }
 
@@ -244,11 +252,13 @@ __device__ __forceinline__ void expand_fp8_codes(const SmemTile<ROW_CHUNKS, ATOM
 
 // Loads rows [j0, j0 + ROWS) of `src` into `tile`; rows at or past `valid_rows` (relative to j0)
 // are zero-filled and their addresses never formed (a paged row past the end has no page).
-template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS, int FP8>
+// DENSE_CODES: fp8 codes go to a codes-only buffer (Fp8CodeSlots).
+template <int ROWS, int ROW_CHUNKS, int NUM_THREADS, bool DENSE_CODES = false, typename T, bool PAGED, int ATOM_ROWS,
+          int FP8>
 __device__ __forceinline__ void load_kv_rows_async(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile,
                                                    const KvRows<T, PAGED, FP8>& src, int j0, int valid_rows) {
   if constexpr (FP8 != KV_FP8_NONE) {
-    copy_fp8_codes_async<ROWS, ROW_CHUNKS, NUM_THREADS>(tile, src, j0, valid_rows, [&](int row) {
+    copy_fp8_codes_async<ROWS, ROW_CHUNKS, NUM_THREADS, DENSE_CODES>(tile, src, j0, valid_rows, [&](int row) {
       return row < valid_rows ? __ldg(src.pages + ((j0 + row) >> src.page_shift)) : 0;
     });
   } else if constexpr (!PAGED) {
@@ -407,9 +417,10 @@ struct PagedKvThread {
 // i-th row (the tile's row `row`), `chunks(i, row, k, v)` sets the thread's first chunk in K and
 // in V. Rows at or past valid_rows (none when WHOLE) are zero-filled: their pointers are formed
 // but cp.async reads none of them. CODES: the rows are fp8 codes of head dim 128, whose 8 runs
-// a row are RowSplit's 8 chunks: the thread's one run of the row goes where Fp8CodeSlots puts it.
+// a row are RowSplit's 8 chunks: the thread's one run of the row goes where Fp8CodeSlots puts it
+// (DENSE as there).
 template <int ROWS, bool WHOLE, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, int ATOM_ROWS, bool CODES = false,
-          typename RowChunks>
+          bool DENSE = false, typename RowChunks>
 __device__ __forceinline__ void copy_kv_rows(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                              const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile, int valid_rows,
                                              RowChunks chunks) {
@@ -418,8 +429,10 @@ __device__ __forceinline__ void copy_kv_rows(const SmemTile<K_CHUNKS, ATOM_ROWS>
   static_assert(!CODES || (K_CHUNKS == 16 && V_CHUNKS == 16 && Split::ROWS_PER_PASS % 16 == 0),
                 "codes: 8 runs a row, passes of whole 16-row blocks");
   // Codes: the thread's rows are 16k rows apart, so their slots are k ROWS16_BYTES apart.
-  const u32_t k_codes0 = CODES ? Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>::at(k_tile, split.row0, split.chunk0) : 0u;
-  const u32_t v_codes0 = CODES ? Fp8CodeSlots<V_CHUNKS, ATOM_ROWS>::at(v_tile, split.row0, split.chunk0) : 0u;
+  using KSlots = Fp8CodeSlots<K_CHUNKS, ATOM_ROWS, DENSE>;
+  using VSlots = Fp8CodeSlots<V_CHUNKS, ATOM_ROWS, DENSE>;
+  const u32_t k_codes0 = CODES ? KSlots::at(k_tile, split.row0, split.chunk0) : 0u;
+  const u32_t v_codes0 = CODES ? VSlots::at(v_tile, split.row0, split.chunk0) : 0u;
 #pragma unroll
   for (int i = 0; i < ROWS / Split::ROWS_PER_PASS; ++i) {
     const int row = split.row(i);
@@ -427,8 +440,8 @@ __device__ __forceinline__ void copy_kv_rows(const SmemTile<K_CHUNKS, ATOM_ROWS>
     chunks(i, row, k, v);
     const bool valid = WHOLE || row < valid_rows;
     if constexpr (CODES) {
-      cp_async_16(k_codes0 + i * (Split::ROWS_PER_PASS / 16) * Fp8CodeSlots<K_CHUNKS, ATOM_ROWS>::ROWS16_BYTES, k, valid);
-      cp_async_16(v_codes0 + i * (Split::ROWS_PER_PASS / 16) * Fp8CodeSlots<V_CHUNKS, ATOM_ROWS>::ROWS16_BYTES, v, valid);
+      cp_async_16(k_codes0 + i * (Split::ROWS_PER_PASS / 16) * KSlots::ROWS16_BYTES, k, valid);
+      cp_async_16(v_codes0 + i * (Split::ROWS_PER_PASS / 16) * VSlots::ROWS16_BYTES, v, valid);
     } else {
       copy_row_chunks_async<K_CHUNKS, SmemTile<K_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(k_tile, i), k, valid);
       copy_row_chunks_async<V_CHUNKS, SmemTile<V_CHUNKS, ATOM_ROWS>::GROUP_BYTES>(split.dst(v_tile, i), v, valid);
@@ -475,8 +488,8 @@ __device__ __forceinline__ void load_ragged_kv_pass(const SmemTile<K_CHUNKS, ATO
 // same tokens, so each row's page id (read from the stage at `ids`), slot and validity serve
 // both; each tensor then forms one pointer per row from the thread's base pointer. A row past
 // the end has page id 0 in the stage (stage_page_ids_async), so its pointer is well formed.
-template <int ROWS, bool WHOLE, bool CODES, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS, typename Bytes,
-          int ATOM_ROWS>
+template <int ROWS, bool WHOLE, bool CODES, bool DENSE, int K_CHUNKS, int V_CHUNKS, typename T, int NUM_THREADS,
+          typename Bytes, int ATOM_ROWS>
 __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                    const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                    const PagedKvThread<T, NUM_THREADS>& src, PageStrides<Bytes> k_bytes,
@@ -490,7 +503,7 @@ __device__ __forceinline__ void load_paged_kv_pass(const SmemTile<K_CHUNKS, ATOM
   for (int i = 0; i < PASSES; ++i) page[i] = static_cast<u32_t>(ld_shared_s32(ids + 4 * split.row(i)));
   const char *k_base, *v_base;
   src.stash.bases(k_base, v_base);
-  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS, ATOM_ROWS, CODES>(
+  copy_kv_rows<ROWS, WHOLE, K_CHUNKS, V_CHUNKS, NUM_THREADS, ATOM_ROWS, CODES, DENSE>(
       k_tile, v_tile, valid_rows, [&](int i, int row, const char*& k, const char*& v) {
         const u32_t slot = static_cast<u32_t>((j0 + row) & src.page_mask);
         k = paged_chunk(k_base, page[i], slot, k_bytes);
@@ -550,7 +563,9 @@ struct KvSource<T, false, NUM_THREADS, KV_FP8_NONE> {
 // The K and V rows [j0, j0 + ROWS) of one key tile into `k_tile` and `v_tile` (one cp.async group
 // for the caller to commit), as load_kv_rows_async does for each; paged rows take their page ids
 // from the shared-memory stage at `ids` (filled by stage_page_ids_async for the same j0).
-template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, typename T, bool PAGED, int ATOM_ROWS, int FP8>
+// DENSE_CODES: fp8 codes go to codes-only buffers (Fp8CodeSlots).
+template <int ROWS, int K_CHUNKS, int V_CHUNKS, int NUM_THREADS, bool DENSE_CODES = false, typename T, bool PAGED,
+          int ATOM_ROWS, int FP8>
 __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUNKS, ATOM_ROWS>& k_tile,
                                                            const SmemTile<V_CHUNKS, ATOM_ROWS>& v_tile,
                                                            const KvSource<T, PAGED, NUM_THREADS, FP8>& src, u32_t ids,
@@ -558,7 +573,8 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
   // fp8 codes at head dim 128 take the pages' path below (8 runs a row, RowSplit's chunks).
   constexpr bool CODES = FP8 != KV_FP8_NONE && K_CHUNKS == 16 && V_CHUNKS == 16;
   if constexpr (FP8 != KV_FP8_NONE && !(CODES && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0)) {
-    copy_fp8_kv_codes_async<ROWS, K_CHUNKS, V_CHUNKS, NUM_THREADS>(k_tile, v_tile, src.k, src.v, ids, j0, valid_rows);
+    copy_fp8_kv_codes_async<ROWS, K_CHUNKS, V_CHUNKS, NUM_THREADS, DENSE_CODES>(k_tile, v_tile, src.k, src.v, ids, j0,
+                                                                                 valid_rows);
   } else if constexpr (PAGED && ROWS % RowSplit<NUM_THREADS>::ROWS_PER_PASS == 0) {
     // Uniform branches: a whole tile (every tile but a request's last) compares no row; on the
     // same-stride path V is given K's strides.
@@ -567,11 +583,11 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
     const PageStrides<u32_t> k32 = Thread::narrowed(p.k_bytes), v32 = Thread::narrowed(p.v_bytes);
     const bool whole = valid_rows >= ROWS;
     if (whole && p.path == Thread::NARROW_SAME) {
-      load_paged_kv_pass<ROWS, true, CODES>(k_tile, v_tile, p, k32, k32, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, true, CODES, DENSE_CODES>(k_tile, v_tile, p, k32, k32, ids, j0, valid_rows);
     } else if (p.path != Thread::WIDE) {
-      load_paged_kv_pass<ROWS, false, CODES>(k_tile, v_tile, p, k32, v32, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, false, CODES, DENSE_CODES>(k_tile, v_tile, p, k32, v32, ids, j0, valid_rows);
     } else {
-      load_paged_kv_pass<ROWS, false, CODES>(k_tile, v_tile, p, p.k_bytes, p.v_bytes, ids, j0, valid_rows);
+      load_paged_kv_pass<ROWS, false, CODES, DENSE_CODES>(k_tile, v_tile, p, p.k_bytes, p.v_bytes, ids, j0, valid_rows);
     }
   } else if constexpr (PAGED) {
     load_paged_rows_any_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, ids, j0, valid_rows);
@@ -590,7 +606,7 @@ __device__ __forceinline__ void load_kv_tiles_staged_async(const SmemTile<K_CHUN
       load_ragged_kv_pass<ROWS, false>(k_tile, v_tile, r, r.k_bytes, r.v_bytes, j0, valid_rows);
     }
   } else {
-    load_kv_rows_async<ROWS, K_CHUNKS, NUM_THREADS>(k_tile, src.k, j0, valid_rows);
-    load_kv_rows_async<ROWS, V_CHUNKS, NUM_THREADS>(v_tile, src.v, j0, valid_rows);
+    load_kv_rows_async<ROWS, K_CHUNKS, NUM_THREADS, DENSE_CODES>(k_tile, src.k, j0, valid_rows);
+    load_kv_rows_async<ROWS, V_CHUNKS, NUM_THREADS, DENSE_CODES>(v_tile, src.v, j0, valid_rows);
   }
 }

@@ -226,12 +226,13 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     for (int sub = WARPS_SPLIT_KEYS ? warp : 0; sub < KV_TILE / KV_SUB; sub += WARPS_SPLIT_KEYS ? NUM_WARPS : 1) {
       const int k0 = kv_lo + t * KV_TILE + sub * KV_SUB;
       if (k0 >= kv_hi) break;  // uniform: the rest of the last tile is masked for every row
-      // (wgmma tiles compute whole tiles: sub is 0.) Rows are ROW_BYTES apart in either layout.
+      // (wgmma tiles compute whole tiles: sub is 0.) Rows are K_ROW_BYTES (V_ROW_BYTES) apart in
+      // every layout.
       // With wgmma the buffer is made warp-uniform for ptxas, so the K and V descriptors are
       // computed in uniform registers (where the loop counter was in a vector register: f16 QK).
       const u32_t stage = WGMMA ? warp_uniform(t % KV_STAGES) : t % KV_STAGES;
-      const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * KTile::ROW_BYTES};
-      const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * VTile::ROW_BYTES};
+      const KTile k_sub{k_base + stage * K_TILE_BYTES + sub * KV_SUB * K_ROW_BYTES};
+      const VTile v_sub{v_base + stage * V_TILE_BYTES + sub * KV_SUB * V_ROW_BYTES};
       // Waits for V_t before a P V; with one K/V buffer that barrier also frees K's buffer (every
       // warp is past its reads of K_t), so tile t + 1's K rows then load during P V: the steps of
       // policy::K_FREE_BEFORE_PV (f32 QK: one piece with one buffer; f16 QK with one P V).

@@ -6,8 +6,9 @@
 // and the fragments' two-byte read, and the CTA no longer waits for the next tile's codes inside
 // the tile.
 //
-// The codes of sub-tile row r (0..15, from the sub-tile's base) are at (r / 4) * 1024 + (r % 4) *
-// 128, run (16 codes) c of the row at fp8_code_run_at(r, c) in it (Fp8CodeSlots, kv_rows.cuh).
+// The K/V buffers hold the codes alone (K_TILE_BYTES, prefill_tile.cuh): code row r of a sub-tile
+// at r * 128 from its base, run (16 codes) c of the row at fp8_code_run_at(r, c) in it
+// (Fp8CodeSlots' dense rows, kv_rows.cuh).
 //
 // The products are sums, so their summed index may be taken in any order that both factors agree
 // on; the fragments use three permutations, chosen so that each thread's codes are whole words:
@@ -36,7 +37,7 @@ static_assert(!policy::FP8_FRAGMENTS || (WARPS_SPLIT_KEYS && !WGMMA && FP8_SCALE
 
 // The shared-memory address of run `run` of code row `row` of a tile (or sub-tile) at `base`.
 __device__ __forceinline__ u32_t fp8_code_run_addr(u32_t base, int row, int run) {
-  return base + static_cast<u32_t>((row / 4) * 1024 + (row % 4) * 128) + fp8_code_run_at(row, run);
+  return base + static_cast<u32_t>(row * 128) + fp8_code_run_at(row, run);
 }
 
 // The head dim whose two elements (it and the next) Q's copy puts at word `w` (elements 2w, 2w + 1)

@@ -188,8 +188,8 @@ struct KvLoadsOf {
       if (tma_tile(k0)) {
         if (threadIdx.x == 0) issue_tma(t, k0);
       } else {
-        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS>(k_tile(t), v_tile(t), kv_src, page_ids(t),
-                                                                               k0, loop.kv_len() - k0);
+        load_kv_tiles_staged_async<KV_TILE, QK_CHUNKS, VO_CHUNKS, NUM_THREADS, policy::FP8_FRAGMENTS>(
+            k_tile(t), v_tile(t), kv_src, page_ids(t), k0, loop.kv_len() - k0);
         stage_next_page_ids(t);
       }
     }
@@ -220,11 +220,15 @@ struct KvLoadsOf {
     if (tile0_tma) {
       if (threadIdx.x == 0) issue_tma(0, kv_lo);
     } else {
-      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS>(k_tile(0), k_rows, kv_lo, m.kv_len - kv_lo);
+      load_kv_rows_async<KV_TILE, QK_CHUNKS, NUM_THREADS, policy::FP8_FRAGMENTS>(k_tile(0), k_rows, kv_lo,
+                                                                                m.kv_len - kv_lo);
       stage_next_page_ids(0);
     }
     cp_async_commit();  // the first group: Q, K_0 (and the page ids of tile 1)
-    if (!tile0_tma) load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS>(v_tile(0), v_rows, kv_lo, m.kv_len - kv_lo);
+    if (!tile0_tma) {
+      load_kv_rows_async<KV_TILE, VO_CHUNKS, NUM_THREADS, policy::FP8_FRAGMENTS>(v_tile(0), v_rows, kv_lo,
+                                                                                m.kv_len - kv_lo);
+    }
     cp_async_commit();  // the second: V_0 (with TMA, both are the boxes)
     // fp8: tile 0's codes are expanded before the first tile's barrier (both groups awaited).
     expand_fp8(0);

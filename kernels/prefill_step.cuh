@@ -263,8 +263,8 @@ __device__ __forceinline__ void step_subtile(const StepContext<Rows>& c, int k0,
     // whole sub-tile (sm_80 f32-QK window w4q2kv64: 0 -> 80/88 B of spills).
 #pragma unroll 1
     for (int piece = 0; piece < KV_SUB / policy::F32_PIECE; ++piece) {
-      const u32_t k_piece = k_sub.base + piece * policy::F32_PIECE * KTile::ROW_BYTES;
-      const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * VTile::ROW_BYTES;
+      const u32_t k_piece = k_sub.base + piece * policy::F32_PIECE * K_ROW_BYTES;
+      const u32_t v_piece = v_sub.base + piece * policy::F32_PIECE * V_ROW_BYTES;
       if constexpr (WGMMA) {
         qk_wgmma(c.q_group_base, k_piece, s);
       } else if constexpr (policy::FP8_FRAGMENTS) {

@@ -46,8 +46,11 @@ constexpr int VO_CHUNKS = spec::HEAD_DIM_VO / 8;
 constexpr int KV_NT = KV_SUB / 8;             // n8 tiles of S per m16 tile
 constexpr int VO_NT = spec::HEAD_DIM_VO / 8;  // n8 tiles of O per m16 tile
 constexpr int Q_TILE_BYTES = CTA_Q * QK_CHUNKS * 16;
-constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 16;
-constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 16;
+// With policy::FP8_FRAGMENTS the K/V buffers hold the fp8 codes alone, one byte an element
+// (Fp8CodeSlots' dense rows, read in place by prefill_fp8_fragments.cuh); otherwise DTypeIn rows.
+constexpr int KV_ELEM_BYTES = policy::FP8_FRAGMENTS ? 1 : 2;
+constexpr int K_TILE_BYTES = KV_TILE * QK_CHUNKS * 8 * KV_ELEM_BYTES;
+constexpr int V_TILE_BYTES = KV_TILE * VO_CHUNKS * 8 * KV_ELEM_BYTES;
 constexpr int PAGE_IDS_BYTES = spec::KV_PAGED ? 2 * KV_TILE * 4 : 0;
 constexpr int KV_BASES_BYTES = NUM_THREADS * 16;
 constexpr int TMA_BARRIER_BYTES = policy::TMA_KV ? 2 * 8 : 0;
@@ -83,6 +86,9 @@ constexpr int KV_ATOM_ROWS = WGMMA ? KV_TILE : 0;
 using QTile = SmemTile<QK_CHUNKS, Q_ATOM_ROWS>;
 using KTile = SmemTile<QK_CHUNKS, KV_ATOM_ROWS>;
 using VTile = SmemTile<VO_CHUNKS, KV_ATOM_ROWS>;
+// Bytes between the K (V) rows of a buffer: the tile's rows, or the dense code rows.
+constexpr int K_ROW_BYTES = policy::FP8_FRAGMENTS ? spec::HEAD_DIM_QK : KTile::ROW_BYTES;
+constexpr int V_ROW_BYTES = policy::FP8_FRAGMENTS ? spec::HEAD_DIM_VO : VTile::ROW_BYTES;
 // CTA rows between a warp's m16 tiles: the next block of 16 with mma.sync, the next m64 tile with
 // wgmma (WarpRows).
 constexpr int M16_ROW_STRIDE = WGMMA ? 64 : 16;

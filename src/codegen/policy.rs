@@ -144,6 +144,7 @@ policies! {
     /// An fp8 cache's K and V fragments are read straight from the codes and decoded in
     /// registers, with no expansion into f16/bf16 rows (kernels/prefill_fp8_fragments.cuh): the
     /// key-split (decode) tiles with f32 QK at head dim 128, whose products read each code once.
+    /// Their K/V buffers then hold the codes alone, one byte an element (`KernelSpec::smem_bytes`).
     fp8_fragments: bool => "FP8_FRAGMENTS",
     /// The warpgroup index is made warp-uniform for ptxas (f16 QK: its Q descriptors stay in
     /// uniform registers); with f32 QK the same serialized the wgmma products.

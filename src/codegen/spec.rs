@@ -257,7 +257,9 @@ impl KernelSpec {
 
     /// Dynamic shared memory per CTA: the tile's buffers, each thread's K and V base pointers
     /// (16 bytes), paged, the page ids of two KV tiles, staged one tile ahead, and what the
-    /// policy adds ([`PrefillPolicy::smem_bytes`]).
+    /// policy adds ([`PrefillPolicy::smem_bytes`]). With
+    /// [`fp8_fragments`](PrefillPolicy::fp8_fragments) the K/V buffers hold one-byte codes, half
+    /// the tile's f16 rows.
     pub fn smem_bytes(&self) -> u32 {
         if self.tile.warp_specialized {
             // The Q tile, the ring and its barriers: no thread pointers, no policy bytes.
@@ -267,10 +269,16 @@ impl KernelSpec {
             KvCache::Ragged => 0,
             KvCache::Paged => 2 * self.tile.kv_tile * 4,
         };
-        self.tile.smem_bytes(self.head_dims)
+        let policy = self.policy();
+        let codes_only = if policy.fp8_fragments {
+            self.tile.kv_bytes(self.head_dims) / 2
+        } else {
+            0
+        };
+        self.tile.smem_bytes(self.head_dims) - codes_only
             + self.tile.threads() * 16
             + page_ids
-            + self.policy().smem_bytes(self.tile.num_warps)
+            + policy.smem_bytes(self.tile.num_warps)
     }
 
     /// Whether the kernel's KV loop reads the request's bounds from shared memory

@@ -109,10 +109,14 @@ impl TileConfig {
         } else {
             0
         };
-        self.cta_q() * qk_row
-            + self.kv_stages * self.kv_tile * (qk_row + vo_row)
-            + align_slack
-            + ws_extra
+        self.cta_q() * qk_row + self.kv_bytes(dims) + align_slack + ws_extra
+    }
+
+    /// The K and V buffers' bytes: `kv_stages` K and V tiles of f16/bf16 rows.
+    pub fn kv_bytes(self, dims: HeadDims) -> u32 {
+        let qk_row = dims.qk() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
+        let vo_row = dims.vo() as u32 / CHUNK_ELEMS * CHUNK_BYTES;
+        self.kv_stages * self.kv_tile * (qk_row + vo_row)
     }
 
     /// Whether the warp-specialised consumers hold Q in registers, as the A fragments of
