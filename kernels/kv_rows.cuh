@@ -106,6 +106,14 @@ __device__ __forceinline__ u32_t fp8_code_run_at(Index row, Index run) {
   return ((static_cast<u32_t>(run) ^ ((r >> 1) & 6u) ^ ((r & 1u) << 2)) & 7u) * 16u;
 }
 
+// The shared-memory address of run `run` of code row `row` of a codes-only buffer at `base`
+// (Fp8CodeSlots' DENSE rows, which prefill_fp8_fragments.cuh reads): row r at r * 128, its runs
+// swizzled by fp8_code_run_at.
+template <typename Index>
+__device__ __forceinline__ u32_t fp8_code_run_addr(u32_t base, Index row, Index run) {
+  return base + static_cast<u32_t>(row * 128) + fp8_code_run_at(row, run);
+}
+
 // Where the copy puts run `run` of row `row` and expand_fp8_codes reads it (see above). DENSE:
 // the buffer holds the codes alone, never expanded (policy::FP8_FRAGMENTS at head dim 128, whose
 // products read them in place): code row r at r * 128, its runs swizzled by fp8_code_run_at.
@@ -127,7 +135,7 @@ struct Fp8CodeSlots {
   template <typename Index>
   __device__ __forceinline__ static u32_t at(const SmemTile<ROW_CHUNKS, ATOM_ROWS>& tile, Index row, Index run) {
     if constexpr (DENSE) {
-      return tile.base + static_cast<u32_t>(row * 128) + fp8_code_run_at(row, run);
+      return fp8_code_run_addr(tile.base, row, run);
     } else if constexpr (PACKED) {
       // Slot s of the warp's 32 is the s-th 16 bytes, in address order, of what its rows expand
       // into: row-major, 1024 contiguous bytes; in the column layout, the rows' 128-byte lines of

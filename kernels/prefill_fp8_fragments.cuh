@@ -26,7 +26,7 @@
 //   V rows; one byte permute per two pairs then gives each dim its pair of keys. The epilogue
 //   writes O's columns back in order (store_output, store_partial).
 // Every read is free of bank conflicts: see fp8_code_run_at.
-// Requires: fp8.cuh, kv_rows.cuh (fp8_code_run_at), prefill_tile.cuh, prefill_products.cuh
+// Requires: fp8.cuh, kv_rows.cuh (fp8_code_run_addr), prefill_tile.cuh, prefill_products.cuh
 // (p_block_fragments, zero_products).
 
 namespace prefill {
@@ -34,11 +34,6 @@ namespace prefill {
 static_assert(!policy::FP8_FRAGMENTS || (WARPS_SPLIT_KEYS && !WGMMA && FP8_SCALES_AFTER_PRODUCTS && !spec::QK_F16_ACCUM &&
                                          spec::HEAD_DIM_QK == 128 && spec::HEAD_DIM_VO == 128 && KV_SUB % 16 == 0),
               "fp8 fragments: key-split mma.sync tiles with f32 QK at head dim 128");
-
-// The shared-memory address of run `run` of code row `row` of a tile (or sub-tile) at `base`.
-__device__ __forceinline__ u32_t fp8_code_run_addr(u32_t base, int row, int run) {
-  return base + static_cast<u32_t>(row * 128) + fp8_code_run_at(row, run);
-}
 
 // The head dim whose two elements (it and the next) Q's copy puts at word `w` (elements 2w, 2w + 1)
 // of a Q tile row: position p = 16 kk + 8 h + 2 c + e, which ldmatrix gives thread c as slot
