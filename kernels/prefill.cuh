@@ -180,7 +180,7 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
     }
   }
   // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
-  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : p.scale_log2;
+  const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : K_SCALE_IN_SOFTMAX ? p.scale_log2 * k_rows.scale : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
   // With wgmma: the first Q row of this warp's warpgroup, whose products read from it.
   const u32_t q_group_base = q_tile.base + warpgroup * WARPGROUP_ROWS * QTile::ROW_BYTES;

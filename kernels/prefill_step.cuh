@@ -272,7 +272,7 @@ __device__ __forceinline__ void step_subtile(const StepContext<Rows>& c, int k0,
       } else {
         qk_f32(c.frag, k_piece, s);
       }
-      if constexpr (FP8_SCALES_AFTER_PRODUCTS) scale_products(s, c.k_scale);
+      if constexpr (FP8_SCALES_AFTER_PRODUCTS && !K_SCALE_IN_SOFTMAX) scale_products(s, c.k_scale);
       float_logits_step(c.p, c.rows, c.bounds.mask(), c.tile, c.bounds.tok_lo(), c.bounds.tok_hi(), k0 + piece * policy::F32_PIECE, c.lane,
                         c.frag, v_piece, c.softmax_scale, softmax, s, o, await_v_free_k);
     }

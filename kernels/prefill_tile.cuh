@@ -31,6 +31,10 @@ constexpr int NUM_WARPS = spec::NUM_WARPS;
 // accumulator of the unscaled codes (up to 448 or 57344) could overflow where the problem's does
 // not.
 constexpr bool FP8_SCALES_AFTER_PRODUCTS = spec::KV_FP8 != KV_FP8_NONE && !spec::QK_F16_ACCUM;
+// Without a logits transform the softmax takes the raw products and multiplies them by its scale
+// inside the exponent's FFMA (variant_logit), so k_scale joins that scale there instead of
+// multiplying each product of S (scales are > 0, so the row maxima are the same).
+constexpr bool K_SCALE_IN_SOFTMAX = FP8_SCALES_AFTER_PRODUCTS && !VARIANT_HAS_TRANSFORM;
 constexpr int NUM_THREADS = NUM_WARPS * 32;
 constexpr int MMA_Q = spec::MMA_Q;
 constexpr bool WARPS_SPLIT_KEYS = spec::WARPS_SPLIT_KEYS;  // the KEYS warp layout
