@@ -179,7 +179,8 @@ __device__ __forceinline__ void run_cta(const PrefillParams& p) {
       prescale_q(q_tile, smem, p.q_prescale, warp, lane);
     }
   }
-  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise.
+  // The softmax folds this into its exponent: LOG2E after a transform, the whole scale otherwise
+  // (times k_scale with K_SCALE_IN_SOFTMAX).
   const float softmax_scale = VARIANT_HAS_TRANSFORM ? LOG2E : K_SCALE_IN_SOFTMAX ? p.scale_log2 * k_rows.scale : p.scale_log2;
   const FragAddrs frag(q_tile.base, warp_rows.first, lane);
   // With wgmma: the first Q row of this warp's warpgroup, whose products read from it.

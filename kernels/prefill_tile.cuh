@@ -27,9 +27,9 @@ constexpr int NUM_WARPS = spec::NUM_WARPS;
 // fp8 K/V with f32 QK: the tiles hold the codes' exact values (decode_fp8x8), and the scales are
 // applied to the f32 products instead, k_scale to S = Q K^T before the logits (or in the
 // softmax's scale, K_SCALE_IN_SOFTMAX) and v_scale to O before the normalisation: per element
-// one conversion instruction rather than a conversion, an f32 multiply and a rounding (fp8.cuh). With f16 QK the tiles stay dequantised: the f16
-// accumulator of the unscaled codes (up to 448 or 57344) could overflow where the problem's does
-// not.
+// one conversion instruction rather than a conversion, an f32 multiply and a rounding (fp8.cuh).
+// With f16 QK the tiles stay dequantised: the f16 accumulator of the unscaled codes (up to 448 or
+// 57344) could overflow where the problem's does not.
 constexpr bool FP8_SCALES_AFTER_PRODUCTS = spec::KV_FP8 != KV_FP8_NONE && !spec::QK_F16_ACCUM;
 // Without a logits transform the softmax takes the raw products and multiplies them by its scale
 // inside the exponent's FFMA (variant_logit), so k_scale joins that scale there instead of
